@@ -1,0 +1,13 @@
+//! Herald's HTTP edge (axum): intake and reads for export owners.
+//!
+//! - [`auth`]: bearer tokens → callers.
+//! - [`problem`]: every error as `application/problem+json` (RFC 9457).
+//! - [`routes`]: the endpoints; each answers only after its transaction
+//!   committed, so a 202 is a promise the database already keeps.
+
+pub mod auth;
+pub mod problem;
+pub mod routes;
+
+pub use auth::Tokens;
+pub use routes::{AppState, router, serve};

@@ -1,0 +1,77 @@
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use herald_export::ExportError;
+use serde::Serialize;
+use tracing::error;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    #[serde(skip)]
+    pub status: StatusCode,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub detail: String,
+    #[serde(rename = "status")]
+    pub status_code: u16,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Problem {
+        Problem { status, kind, title, detail: detail.into(), status_code: status.as_u16() }
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::UNAUTHORIZED, "/problems/unauthorized", "Unauthorized", detail)
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::BAD_REQUEST, "/problems/bad-request", "Bad request", detail)
+    }
+
+    pub fn invalid(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "/problems/invalid-body", "Invalid request body", detail)
+    }
+
+    pub fn not_found() -> Problem {
+        Problem::new(StatusCode::NOT_FOUND, "/problems/not-found", "Not found", "no such resource for this caller")
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::CONFLICT, "/problems/key-conflict", "Idempotency key conflict", detail)
+    }
+
+    /// Infrastructure failure: the caller may retry with the same key.
+    pub fn unavailable(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable", "Temporarily unavailable", detail)
+    }
+}
+
+impl From<ExportError> for Problem {
+    fn from(e: ExportError) -> Problem {
+        match e {
+            ExportError::Invalid(detail) => Problem::invalid(detail),
+            ExportError::KeyConflict { .. } => Problem::conflict(
+                "this Idempotency-Key was already used with different parameters",
+            ),
+            other => {
+                error!(error = %other, "request failed");
+                Problem::unavailable("storage failed; retry with the same Idempotency-Key")
+            }
+        }
+    }
+}
+
+impl From<herald_store::StoreError> for Problem {
+    fn from(e: herald_store::StoreError) -> Problem {
+        ExportError::Store(e).into()
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self).unwrap_or_default();
+        (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()
+    }
+}

@@ -1,0 +1,104 @@
+use std::net::SocketAddr;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use herald_export::{ExportRequest, Job, Submitted, jobs};
+use herald_kafka::Topics;
+use herald_projections::search;
+use herald_store::Db;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::Tokens;
+use crate::problem::Problem;
+
+/// Longest accepted `Idempotency-Key`.
+const MAX_KEY_LEN: usize = 255;
+/// Most hits one search returns.
+const SEARCH_LIMIT: i64 = 100;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub db: Db,
+    pub topics: Topics,
+    pub tokens: Tokens,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/v1/exports", post(create_export))
+        .route("/v1/exports/{id}", get(get_export))
+        .route("/v1/search", get(search_exports))
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown`, finishing requests
+/// in flight.
+pub async fn serve(listener: TcpListener, state: AppState, shutdown: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}
+
+/// Bound address helper for callers that asked for port 0.
+pub fn local_url(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+async fn create_export(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, Problem> {
+    let caller = state.tokens.caller(&headers)?;
+    let key = idempotency_key(&headers)?;
+    let request = ExportRequest::from_json(&body)?;
+    let submitted = jobs::submit(&state.db, &state.topics, &caller, &key, &request).await?;
+    let job = match &submitted {
+        Submitted::Created(job) | Submitted::Existing(job) => job,
+    };
+    // A repeat of a finished job answers 200 with the job; anything still in
+    // flight answers 202 like the first time, so a retry after a lost
+    // response looks like the response it lost.
+    let status = if job.status == jobs::PENDING { StatusCode::ACCEPTED } else { StatusCode::OK };
+    let location = format!("/v1/exports/{}", job.job_id);
+    Ok((status, [(header::LOCATION, location)], Json(json!({"job_id": job.job_id, "status": job.status}))).into_response())
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
+    let value = headers
+        .get("idempotency-key")
+        .ok_or_else(|| Problem::bad_request("missing Idempotency-Key header"))?;
+    let key = value
+        .to_str()
+        .map_err(|_| Problem::bad_request("Idempotency-Key must be visible ASCII"))?
+        .trim();
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return Err(Problem::bad_request(format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters")));
+    }
+    Ok(key.to_owned())
+}
+
+async fn get_export(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Json<Job>, Problem> {
+    let caller = state.tokens.caller(&headers)?;
+    jobs::get(&state.db, &caller, &id).await?.map(Json).ok_or_else(Problem::not_found)
+}
+
+#[derive(Debug, Deserialize)]
+struct SearchParams {
+    #[serde(default)]
+    q: String,
+}
+
+async fn search_exports(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    params: Result<Query<SearchParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<search::SearchResults>, Problem> {
+    let caller = state.tokens.caller(&headers)?;
+    let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
+    Ok(Json(search::search(&state.db, &caller, &params.q, SEARCH_LIMIT).await?))
+}

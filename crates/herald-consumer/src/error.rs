@@ -1,0 +1,58 @@
+use herald_envelope::EnvelopeError;
+use herald_store::StoreError;
+use thiserror::Error;
+
+/// A handler's verdict on an event it could not apply.
+#[derive(Debug, Error)]
+pub enum HandlerError {
+    /// Infrastructure failed (database down, lock timeout): retry the same
+    /// record later; the transaction rolled back so nothing was applied.
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// The event itself cannot be applied (bad data): retrying gives the same
+    /// answer, so the record is set aside and the partition moves on.
+    #[error("rejected: {0}")]
+    Reject(String),
+}
+
+impl From<StoreError> for HandlerError {
+    fn from(e: StoreError) -> Self {
+        if e.is_retryable() {
+            HandlerError::Retryable(e.to_string())
+        } else {
+            HandlerError::Reject(e.to_string())
+        }
+    }
+}
+
+impl From<EnvelopeError> for HandlerError {
+    fn from(e: EnvelopeError) -> Self {
+        HandlerError::Reject(e.to_string())
+    }
+}
+
+/// How processing one record failed, which decides what the runtime does.
+#[derive(Debug, Error)]
+pub enum ProcessError {
+    /// Retry the same record after a backoff; its offset is not committed.
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// Give up on this record and move on; its offset is committed.
+    #[error("permanent: {0}")]
+    Permanent(String),
+}
+
+impl From<HandlerError> for ProcessError {
+    fn from(e: HandlerError) -> Self {
+        match e {
+            HandlerError::Retryable(m) => ProcessError::Retryable(m),
+            HandlerError::Reject(m) => ProcessError::Permanent(m),
+        }
+    }
+}
+
+impl From<StoreError> for ProcessError {
+    fn from(e: StoreError) -> Self {
+        HandlerError::from(e).into()
+    }
+}

@@ -1,0 +1,24 @@
+use thiserror::Error;
+
+/// Why a record or a datum could not be turned into a Herald event.
+///
+/// Every variant is permanent for the bytes at hand: retrying the same record
+/// gives the same answer, so a consumer dead-letters it instead of retrying.
+#[derive(Debug, Error)]
+pub enum EnvelopeError {
+    /// The record is not a valid CloudEvent in Kafka binary mode.
+    #[error("not a CloudEvent in Kafka binary mode: {0}")]
+    NotCloudEvent(String),
+    /// A required attribute is absent or empty.
+    #[error("attribute `{0}` is missing")]
+    MissingAttribute(&'static str),
+    /// An attribute is present but has a value Herald does not accept.
+    #[error("attribute `{name}` is invalid: {reason}")]
+    InvalidAttribute { name: &'static str, reason: String },
+    /// `dataschema` names a schema this build does not know.
+    #[error("unknown schema {0}")]
+    UnknownSchema(String),
+    /// The data does not decode (or encode) with the named schema.
+    #[error("data does not match schema {schema}: {reason}")]
+    Data { schema: String, reason: String },
+}

@@ -1,0 +1,90 @@
+//! An outbox row's event and its Kafka record in CloudEvents binary mode.
+
+use chrono::{DateTime, Utc};
+use cloudevents::binding::rdkafka::MessageRecord;
+use cloudevents::{Event, EventBuilder, EventBuilderV10};
+
+use crate::{EnvelopeError, EventData, schema};
+
+/// `source` of every event the export domain emits (a URI-reference).
+pub const SOURCE_EXPORTS: &str = "/herald/exports";
+
+/// Content type of event data: one Avro datum in binary encoding.
+pub const AVRO_CONTENT_TYPE: &str = "application/avro";
+
+/// The identity of a fact, and so the key every inbox deduplicates on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventKey {
+    pub source: String,
+    pub id: String,
+}
+
+/// An event as the outbox stores it. Everything that becomes a CloudEvents
+/// attribute is fixed when the row is written, so every publish of the row —
+/// first try, retry or another relay's takeover — carries the same identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    pub id: String,
+    pub source: String,
+    pub event_type: String,
+    pub subject: String,
+    pub time: DateTime<Utc>,
+    /// File under `schemas/` the data was written with.
+    pub schema_file: String,
+    pub data: Vec<u8>,
+    pub topic: String,
+    /// Kafka record key; same key, same partition, commit order.
+    pub partition_key: String,
+}
+
+impl OutboxEvent {
+    /// A new event with a fresh time-ordered id.
+    pub fn new<T: EventData>(
+        topic: &str,
+        subject: &str,
+        data: &T,
+        time: DateTime<Utc>,
+    ) -> Result<Self, EnvelopeError> {
+        Ok(Self {
+            id: uuid::Uuid::now_v7().to_string(),
+            source: SOURCE_EXPORTS.to_owned(),
+            event_type: T::EVENT_TYPE.to_owned(),
+            subject: subject.to_owned(),
+            time,
+            schema_file: T::SCHEMA_FILE.to_owned(),
+            data: data.to_avro()?,
+            topic: topic.to_owned(),
+            partition_key: subject.to_owned(),
+        })
+    }
+
+    pub fn key(&self) -> EventKey {
+        EventKey {
+            source: self.source.clone(),
+            id: self.id.clone(),
+        }
+    }
+
+    /// The CloudEvents 1.0 form of this event.
+    pub fn to_cloudevent(&self) -> Result<Event, EnvelopeError> {
+        EventBuilderV10::new()
+            .id(&self.id)
+            .source(self.source.as_str())
+            .ty(&self.event_type)
+            .subject(&self.subject)
+            .time(self.time)
+            .data_with_schema(
+                AVRO_CONTENT_TYPE,
+                schema::dataschema_uri(&self.schema_file).as_str(),
+                self.data.clone(),
+            )
+            .build()
+            .map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+    }
+
+    /// Headers and value of the Kafka record, in binary content mode.
+    pub fn to_kafka_record(&self) -> Result<MessageRecord, EnvelopeError> {
+        MessageRecord::from_event(self.to_cloudevent()?)
+            .map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+    }
+}

@@ -1,0 +1,22 @@
+//! Herald's event envelope: what a fact looks like on the wire. No IO.
+//!
+//! - [`schema`]: the Avro schemas of event data, embedded from `schemas/`.
+//! - [`data`]: typed event data and its Avro binary codec.
+//! - [`event`]: an outbox row's event, its CloudEvents form and Kafka record
+//!   in binary content mode (`ce_*` headers).
+//! - [`decode`]: the reverse way, validating every attribute Herald relies on.
+//!
+//! The dedup key of a fact is CloudEvents (`source`, `id`) — [`EventKey`] — and
+//! nothing else: not the Kafka offset, not the payload bytes.
+
+pub mod data;
+pub mod decode;
+pub mod event;
+pub mod schema;
+
+mod error;
+
+pub use data::{EventData, ExportCompleted, ExportRequested};
+pub use decode::{DecodedEvent, decode_record};
+pub use error::EnvelopeError;
+pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};

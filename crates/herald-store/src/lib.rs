@@ -1,0 +1,20 @@
+//! sqlx adapters shared by every Herald role: the database handle, the outbox
+//! and the inbox. Domain crates keep their own tables' SQL next to their
+//! domain, on top of [`Db`].
+//!
+//! One code path serves PostgreSQL (production) and SQLite (the embedded
+//! default) through sqlx's `Any` driver: SQL is written in the subset both
+//! accept (`$n` placeholders, `ON CONFLICT`, `RETURNING`), times are epoch
+//! milliseconds, and the few statements that must differ branch on
+//! [`Backend`].
+
+mod db;
+mod error;
+pub mod inbox;
+pub mod outbox;
+
+pub use db::{Backend, Db, now_ms};
+pub use error::StoreError;
+
+/// Re-exported so adapters in other crates name one transaction type.
+pub type Tx<'c> = sqlx::Transaction<'c, sqlx::Any>;

@@ -1,0 +1,80 @@
+//! Where Herald runs: flags and `HERALD_*` variables, or the embedded default
+//! (SQLite in a temporary directory + the in-process Kafka mock cluster) when
+//! neither names a database or a broker.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use herald_api::Tokens;
+use herald_kafka::{EmbeddedKafka, Topics};
+use herald_store::Db;
+use tempfile::TempDir;
+use tracing::info;
+
+use crate::pipeline::Wiring;
+
+#[derive(Debug, Clone, Args)]
+pub struct Backends {
+    /// Database URL (postgres://… or sqlite://…); default: embedded SQLite.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Kafka bootstrap servers; default: embedded in-process cluster.
+    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
+    pub kafka: Option<String>,
+    /// Partitions of topics Herald creates.
+    #[arg(long, env = "HERALD_KAFKA_PARTITIONS", default_value_t = 4)]
+    pub partitions: i32,
+    /// Directory of export artifacts; default: under the data directory.
+    #[arg(long, env = "HERALD_ARTIFACTS_DIR")]
+    pub artifacts: Option<PathBuf>,
+    /// API tokens as token:caller,token:caller; default: one printed at start.
+    #[arg(long, env = "HERALD_API_TOKENS")]
+    pub tokens: Option<String>,
+}
+
+/// Resolved backends plus whatever must stay alive for them.
+pub struct Environment {
+    pub wiring: Wiring,
+    /// A token for the default caller when none were configured.
+    pub default_token: Option<String>,
+    _embedded_kafka: Option<EmbeddedKafka>,
+    _data_dir: Option<TempDir>,
+}
+
+impl Backends {
+    pub async fn resolve(&self) -> anyhow::Result<Environment> {
+        let data_dir = tempfile::Builder::new().prefix("herald-").tempdir()?;
+        let database = match &self.database {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display()),
+        };
+        let db = Db::connect_and_migrate(&database).await.with_context(|| format!("database {database}"))?;
+        let topics = Topics::default();
+        let (brokers, embedded) = match &self.kafka {
+            Some(brokers) => {
+                herald_kafka::ensure_topics(brokers, &topics.all(), self.partitions).await?;
+                (brokers.clone(), None)
+            }
+            None => {
+                let kafka = EmbeddedKafka::start(1, &topics.all(), self.partitions)?;
+                (kafka.bootstrap_servers().to_owned(), Some(kafka))
+            }
+        };
+        let (tokens, default_token) = match &self.tokens {
+            Some(spec) => (Tokens::parse(spec).map_err(anyhow::Error::msg)?, None),
+            None => {
+                let token = format!("herald-{}", uuid::Uuid::new_v4().simple());
+                (Tokens::single(&token, "demo"), Some(token))
+            }
+        };
+        let artifacts_dir = self.artifacts.clone().unwrap_or_else(|| data_dir.path().join("artifacts"));
+        info!(%database, %brokers, artifacts = %artifacts_dir.display(), "backends ready");
+        Ok(Environment {
+            wiring: Wiring { db, brokers, topics, group_prefix: "herald".to_owned(), artifacts_dir, tokens },
+            default_token,
+            _embedded_kafka: embedded,
+            _data_dir: Some(data_dir),
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! `herald demo`: the thin path end to end on the embedded default, then a
+//! report of what happened, checked. Exit status 1 when a check fails.
+
+mod client;
+mod report;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use crate::config::Backends;
+use crate::pipeline;
+use client::DemoClient;
+use report::{Check, Counts};
+
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// Exports to request.
+    #[arg(long, default_value_t = 20)]
+    exports: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Give up waiting for the pipeline to settle after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    timeout_secs: u64,
+}
+
+/// Every `REPEAT_EVERY`-th request is sent twice with the same key.
+const REPEAT_EVERY: usize = 10;
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    if args.exports == 0 {
+        eprintln!("error: --exports must be at least 1");
+        return Ok(ExitCode::from(2));
+    }
+    let backends = Backends { database: None, kafka: None, partitions: 4, artifacts: None, tokens: None };
+    let env = backends.resolve().await?;
+    let token = env.default_token.clone().unwrap_or_default();
+    let running = pipeline::start(env.wiring.clone(), "127.0.0.1:0").await?;
+    let client = DemoClient::new(running.api_addr, token);
+    let started = Instant::now();
+
+    let mut checks = Vec::new();
+    let intake = client.submit_all(args.exports, REPEAT_EVERY).await?;
+    checks.extend(intake.checks());
+    checks.extend(client.bad_input_checks(&env.wiring.db).await?);
+
+    let settled = report::wait_settled(&env.wiring.db, args.exports as i64, Duration::from_secs(args.timeout_secs)).await?;
+    checks.push(Check::new("pipeline settled", settled, format!("after {:.1}s", started.elapsed().as_secs_f64())));
+    let counts = Counts::gather(&env.wiring.db, &env.wiring.brokers, &env.wiring.topics).await?;
+    checks.extend(counts.checks(args.exports as i64));
+    checks.push(client.search_check(&intake).await?);
+    running.stop().await?;
+
+    let ok = checks.iter().all(|c| c.ok);
+    if args.json {
+        let mut out = json!({"ok": ok, "checks": checks, "repeated_requests": intake.repeated});
+        if let (Some(map), serde_json::Value::Object(counts)) = (out.as_object_mut(), serde_json::to_value(&counts)?) {
+            map.extend(counts);
+        }
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        report::print_table(&checks, &counts, intake.repeated);
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

@@ -1,0 +1,6 @@
+//! The `herald` binary's library half: wiring of roles, configuration and
+//! the demo, exposed so end-to-end tests start exactly what users run.
+
+pub mod config;
+pub mod demo;
+pub mod pipeline;

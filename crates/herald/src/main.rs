@@ -1,0 +1,101 @@
+//! `herald`: one binary, one subcommand per job.
+
+use herald::{config, demo, pipeline};
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+use config::Backends;
+
+#[derive(Debug, Parser)]
+#[command(name = "herald", version, about = "Business facts from a database to Kafka, and read models you can rebuild")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the whole pipeline once on the embedded default and check it.
+    Demo(demo::DemoArgs),
+    /// Run every role (API, relay, worker, search subscription) in one process.
+    Serve {
+        #[command(flatten)]
+        backends: Backends,
+        /// Address of the HTTP API.
+        #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: String,
+    },
+    /// Apply database migrations and exit.
+    Migrate {
+        /// Database URL (postgres://… or sqlite://…).
+        #[arg(long, env = "HERALD_DATABASE_URL")]
+        database: String,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            // clap uses 2 for usage errors; help and version are successes.
+            return if usage { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    // The demo's output is its report; roles that run for long log progress.
+    let default_filter = if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)))
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Demo(args) => demo::run(args).await,
+        Command::Serve { backends, listen } => serve(backends, &listen).await,
+        Command::Migrate { database } => {
+            herald_store::Db::connect_and_migrate(&database).await?;
+            println!("migrations applied to {database}");
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn serve(backends: Backends, listen: &str) -> anyhow::Result<ExitCode> {
+    let env = backends.resolve().await?;
+    let running = pipeline::start(env.wiring.clone(), listen).await?;
+    println!("herald listening on http://{}", running.api_addr);
+    if let Some(token) = &env.default_token {
+        println!("API token for caller `demo`: {token}");
+        println!("try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{}/v1/exports", running.api_addr);
+    }
+    let shutdown: CancellationToken = running.shutdown.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        info!("shutdown requested");
+        shutdown.cancel();
+    });
+    running.until_stopped().await?;
+    Ok(ExitCode::SUCCESS)
+}

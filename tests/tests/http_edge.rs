@@ -1,0 +1,65 @@
+//! Bad input at the HTTP edge: problem+json with the right status, and
+//! nothing written. Intake idempotency: same key and body → same job; same
+//! key, other body → 409.
+
+mod common;
+
+use common::{ALICE, Database, export_body};
+use herald_api::AppState;
+use herald_kafka::Topics;
+use herald_store::Db;
+use tokio_util::sync::CancellationToken;
+
+async fn api_only(database: Database) -> anyhow::Result<()> {
+    let test_db = common::test_db(database).await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let shutdown = CancellationToken::new();
+    let state = AppState { db: db.clone(), topics: Topics::default(), tokens: common::tokens() };
+    let server = tokio::spawn(herald_api::serve(listener, state, shutdown.clone()));
+    let http = reqwest::Client::new();
+    let good = export_body("csv", "edge");
+
+    let cases: [(&str, &str, Option<&str>, &str, u16); 6] = [
+        ("missing key", ALICE, None, &good, 400),
+        ("unknown token", "nope", Some("k1"), &good, 401),
+        ("malformed json", ALICE, Some("k2"), "{\"format\":", 422),
+        ("unknown format", ALICE, Some("k3"), r#"{"format":"xml","query":"q"}"#, 422),
+        ("empty query", ALICE, Some("k4"), r#"{"format":"csv","query":""}"#, 422),
+        ("unknown field", ALICE, Some("k5"), r#"{"format":"csv","query":"q","x":1}"#, 422),
+    ];
+    for (name, token, key, body, want) in cases {
+        let (status, headers, problem) = common::post_export(&http, &base, token, key, body).await?;
+        assert_eq!(status, want, "{name}: {problem}");
+        assert_eq!(headers["content-type"], "application/problem+json", "{name}");
+        assert_eq!(problem["status"], want, "{name}");
+        assert!(problem["detail"].as_str().is_some_and(|d| !d.is_empty()), "{name}: {problem}");
+    }
+    for table in ["export_jobs", "export_intents", "outbox"] {
+        assert_eq!(common::count(&db, &format!("SELECT COUNT(*) AS n FROM {table}")).await?, 0, "{table} after bad input");
+    }
+
+    let (status, _, first) = common::post_export(&http, &base, ALICE, Some("same"), &good).await?;
+    assert_eq!(status, 202);
+    let (status, _, second) = common::post_export(&http, &base, ALICE, Some("same"), &good).await?;
+    assert_eq!((status, &second["job_id"]), (202, &first["job_id"]));
+    let (status, _, conflict) = common::post_export(&http, &base, ALICE, Some("same"), &export_body("json", "edge")).await?;
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(common::count(&db, "SELECT COUNT(*) AS n FROM export_jobs").await?, 1);
+    assert_eq!(common::count(&db, "SELECT COUNT(*) AS n FROM outbox").await?, 1);
+
+    shutdown.cancel();
+    server.await??;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_edge_sqlite() -> anyhow::Result<()> {
+    api_only(Database::Sqlite).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn http_edge_postgres() -> anyhow::Result<()> {
+    api_only(Database::Postgres).await
+}
