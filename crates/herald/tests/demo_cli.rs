@@ -1,0 +1,34 @@
+//! The README's first command, as a user runs it: the `herald` binary's demo
+//! on the embedded default, in its JSON form, and its usage errors.
+
+use std::process::Command;
+
+#[test]
+fn demo_json_reports_every_check_passed() {
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["demo", "--exports", "30", "--json"])
+        .output()
+        .expect("run herald demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["jobs_succeeded"], 30);
+    assert_eq!(report["completion_events"], 30);
+    assert_eq!(report["search_documents"], 30);
+    assert_eq!(report["duplicate_effects"], 0);
+    assert_eq!(report["repeated_requests"], 3);
+    assert_eq!(report["jobs_created"], 30, "repeated requests created no jobs");
+    let checks = report["checks"].as_array().expect("checks");
+    assert!(checks.len() >= 10);
+    assert!(checks.iter().all(|c| c["ok"] == true && c["name"].is_string() && c["detail"].is_string()));
+}
+
+#[test]
+fn usage_errors_exit_with_status_2() {
+    for args in [&["demo", "--exports", "zero"][..], &["demo", "--exports", "0"], &["no-such-command"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_herald")).args(args).output().expect("run herald");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!out.stderr.is_empty(), "{args:?} explains itself");
+    }
+}
