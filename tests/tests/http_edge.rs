@@ -6,6 +6,8 @@ mod common;
 
 use common::{ALICE, Database, export_body};
 use herald_api::AppState;
+use herald_export::IntakeConfig;
+use herald_export::artifact::ArtifactStore;
 use herald_kafka::Topics;
 use herald_store::Db;
 use tokio_util::sync::CancellationToken;
@@ -16,7 +18,13 @@ async fn api_only(database: Database) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let shutdown = CancellationToken::new();
-    let state = AppState { db: db.clone(), topics: Topics::default(), tokens: common::tokens() };
+    let artifacts_dir = tempfile::tempdir()?;
+    let state = AppState {
+        db: db.clone(),
+        intake: IntakeConfig::new(Topics::default()),
+        artifacts: ArtifactStore::local(artifacts_dir.path())?,
+        tokens: common::tokens(),
+    };
     let server = tokio::spawn(herald_api::serve(listener, state, shutdown.clone()));
     let http = reqwest::Client::new();
     let good = export_body("csv", "edge");

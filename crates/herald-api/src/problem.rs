@@ -15,11 +15,13 @@ pub struct Problem {
     pub detail: String,
     #[serde(rename = "status")]
     pub status_code: u16,
+    #[serde(skip)]
+    pub retry_after_secs: Option<u64>,
 }
 
 impl Problem {
     fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Problem {
-        Problem { status, kind, title, detail: detail.into(), status_code: status.as_u16() }
+        Problem { status, kind, title, detail: detail.into(), status_code: status.as_u16(), retry_after_secs: None }
     }
 
     pub fn unauthorized(detail: impl Into<String>) -> Problem {
@@ -42,6 +44,16 @@ impl Problem {
         Problem::new(StatusCode::CONFLICT, "/problems/key-conflict", "Idempotency key conflict", detail)
     }
 
+    pub fn not_ready(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::CONFLICT, "/problems/not-ready", "Result not ready", detail)
+    }
+
+    pub fn too_many(detail: impl Into<String>, retry_after_secs: u64) -> Problem {
+        let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "/problems/quota", "Too many unfinished exports", detail);
+        p.retry_after_secs = Some(retry_after_secs);
+        p
+    }
+
     /// Infrastructure failure: the caller may retry with the same key.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable", "Temporarily unavailable", detail)
@@ -52,6 +64,10 @@ impl From<ExportError> for Problem {
     fn from(e: ExportError) -> Problem {
         match e {
             ExportError::Invalid(detail) => Problem::invalid(detail),
+            ExportError::QuotaExceeded { open, quota, retry_after_secs } => Problem::too_many(
+                format!("{open} exports unfinished, at most {quota} allowed; retry later"),
+                retry_after_secs,
+            ),
             ExportError::KeyConflict { .. } => Problem::conflict(
                 "this Idempotency-Key was already used with different parameters",
             ),
@@ -72,6 +88,10 @@ impl From<herald_store::StoreError> for Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self).unwrap_or_default();
-        (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response()
+        let mut response = (self.status, [(header::CONTENT_TYPE, "application/problem+json")], body).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        response
     }
 }

@@ -1,13 +1,13 @@
 use std::net::SocketAddr;
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use herald_export::{ExportRequest, Job, Submitted, jobs};
-use herald_kafka::Topics;
+use herald_export::artifact::ArtifactStore;
+use herald_export::{ExportRequest, IntakeConfig, Job, jobs};
 use herald_projections::search;
 use herald_store::Db;
 use serde::Deserialize;
@@ -26,7 +26,8 @@ const SEARCH_LIMIT: i64 = 100;
 #[derive(Clone)]
 pub struct AppState {
     pub db: Db,
-    pub topics: Topics,
+    pub intake: IntakeConfig,
+    pub artifacts: ArtifactStore,
     pub tokens: Tokens,
 }
 
@@ -35,6 +36,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/exports", post(create_export))
         .route("/v1/exports/{id}", get(get_export))
+        .route("/v1/exports/{id}/result", get(get_result))
         .route("/v1/search", get(search_exports))
         .with_state(state)
 }
@@ -56,10 +58,8 @@ async fn create_export(State(state): State<AppState>, headers: HeaderMap, body: 
     let caller = state.tokens.caller(&headers)?;
     let key = idempotency_key(&headers)?;
     let request = ExportRequest::from_json(&body)?;
-    let submitted = jobs::submit(&state.db, &state.topics, &caller, &key, &request).await?;
-    let job = match &submitted {
-        Submitted::Created(job) | Submitted::Existing(job) => job,
-    };
+    let submitted = jobs::submit(&state.db, &state.intake, &caller, &key, &request).await?;
+    let job = submitted.job();
     // A repeat of a finished job answers 200 with the job; anything still in
     // flight answers 202 like the first time, so a retry after a lost
     // response looks like the response it lost.
@@ -85,6 +85,24 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
 async fn get_export(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Json<Job>, Problem> {
     let caller = state.tokens.caller(&headers)?;
     jobs::get(&state.db, &caller, &id).await?.map(Json).ok_or_else(Problem::not_found)
+}
+
+/// Streams the selected artifact. Only the owner learns that the job exists.
+async fn get_result(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, Problem> {
+    let caller = state.tokens.caller(&headers)?;
+    let job = jobs::get(&state.db, &caller, &id).await?.ok_or_else(Problem::not_found)?;
+    let Some(result_id) = job.result_id.filter(|_| job.status == jobs::SUCCEEDED) else {
+        return Err(Problem::not_ready(format!("export is {}", job.status)));
+    };
+    let stream = state.artifacts.open(&result_id).await?;
+    let content_type = if job.format == "json" { "application/json" } else { "text/csv; charset=utf-8" };
+    let mut response = Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    if let Some(sha) = job.result_sha256.as_deref().and_then(|s| header::HeaderValue::from_str(s).ok()) {
+        headers.insert("x-content-sha256", sha);
+    }
+    Ok(response)
 }
 
 #[derive(Debug, Deserialize)]

@@ -76,6 +76,24 @@ impl EventData for ExportCompleted {
     const SCHEMA_FILE: &'static str = "export.completed.v1.avsc";
 }
 
+/// `herald.export.failed`: the job spent its attempt budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportFailed {
+    pub job_id: String,
+    pub caller: String,
+    pub format: String,
+    pub query: String,
+    pub reason: String,
+    pub attempts: i64,
+    pub failed_at_ms: i64,
+    pub version: i64,
+}
+
+impl EventData for ExportFailed {
+    const EVENT_TYPE: &'static str = "herald.export.failed";
+    const SCHEMA_FILE: &'static str = "export.failed.v1.avsc";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ pub mod schema;
 
 mod error;
 
-pub use data::{EventData, ExportCompleted, ExportRequested};
+pub use data::{EventData, ExportCompleted, ExportFailed, ExportRequested};
 pub use decode::{DecodedEvent, decode_record};
 pub use error::EnvelopeError;
 pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};

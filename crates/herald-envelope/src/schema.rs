@@ -20,6 +20,10 @@ const FILES: &[(&str, &str)] = &[
         "export.completed.v1.avsc",
         include_str!("../../../schemas/export.completed.v1.avsc"),
     ),
+    (
+        "export.failed.v1.avsc",
+        include_str!("../../../schemas/export.failed.v1.avsc"),
+    ),
 ];
 
 /// The parsed schema of a file under `schemas/`.

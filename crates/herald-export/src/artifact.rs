@@ -5,6 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
@@ -38,24 +39,50 @@ impl ArtifactStore {
         ArtifactStore { store }
     }
 
-    /// Writes `content` as attempt `attempt`'s candidate for `job`, then checks
-    /// the stored object's size before anyone may select it.
-    pub async fn put_candidate(&self, job: &Job, attempt: &str, content: Vec<u8>) -> Result<StoredArtifact, ExportError> {
-        let result_id = format!("exports/{}/{}.{}", job.job_id, attempt, job.format);
-        let path = ObjectPath::from(result_id.as_str());
+    /// The key attempt `generation` of `job` writes its candidate under; no
+    /// other attempt shares it.
+    pub fn candidate_key(job: &Job, generation: i64) -> String {
+        format!("exports/{}/g{generation}.{}", job.job_id, job.format)
+    }
+
+    /// Writes `content` under `result_id` with a create-only put, then reads
+    /// it back and checks size and sha256 before anyone may select it.
+    pub async fn put_candidate(&self, result_id: &str, content: Vec<u8>) -> Result<StoredArtifact, ExportError> {
+        let path = ObjectPath::from(result_id);
         let sha256 = hex(&Sha256::digest(&content));
         let size = content.len();
         let options = PutOptions { mode: PutMode::Create, ..Default::default() };
         self.store.put_opts(&path, PutPayload::from(content), options).await?;
-        let meta = self.store.head(&path).await?;
-        if meta.size as usize != size {
-            return Err(ExportError::Invalid(format!("artifact {result_id}: stored {} bytes, wrote {size}", meta.size)));
+        let stored = self.store.get(&path).await?.bytes().await?;
+        let corrupt = |reason: String| ExportError::ArtifactCorrupt { result_id: result_id.to_owned(), reason };
+        if stored.len() != size {
+            return Err(corrupt(format!("stored {} bytes, wrote {size}", stored.len())));
         }
-        Ok(StoredArtifact { result_id, size_bytes: size as i64, sha256 })
+        if hex(&Sha256::digest(&stored)) != sha256 {
+            return Err(corrupt("sha256 differs from what was written".into()));
+        }
+        Ok(StoredArtifact { result_id: result_id.to_owned(), size_bytes: size as i64, sha256 })
     }
 
-    pub async fn read(&self, result_id: &str) -> Result<bytes::Bytes, ExportError> {
-        Ok(self.store.get(&ObjectPath::from(result_id)).await?.bytes().await?)
+    /// The stored bytes as a stream, for serving a result without loading it.
+    pub async fn open(&self, result_id: &str) -> Result<BoxStream<'static, object_store::Result<bytes::Bytes>>, ExportError> {
+        Ok(self.store.get(&ObjectPath::from(result_id)).await?.into_stream())
+    }
+
+    pub async fn exists(&self, result_id: &str) -> Result<bool, ExportError> {
+        match self.store.head(&ObjectPath::from(result_id)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Removes a file; one already gone counts as removed.
+    pub async fn delete(&self, result_id: &str) -> Result<(), ExportError> {
+        match self.store.delete(&ObjectPath::from(result_id)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 }
 

@@ -1,19 +1,20 @@
-//! Job rows and their transactions. Every state change that others must hear
-//! about commits together with its outbox row, or not at all.
+//! Intake and reads of job rows. The intake writes intent, pending job and
+//! the command that starts it in one transaction, and answers only after it
+//! committed.
 
 use chrono::Utc;
-use herald_envelope::{ExportCompleted, ExportRequested, OutboxEvent};
+use herald_envelope::{ExportRequested, OutboxEvent};
 use herald_kafka::Topics;
-use herald_store::{Db, StoreError, Tx, now_ms, outbox};
+use herald_store::{Backend, Db, StoreError, Tx, now_ms, outbox};
 use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::artifact::StoredArtifact;
+use crate::faults::{FaultPoint, Faults};
+use crate::lifecycle::{self, LeasePolicy};
 use crate::{ExportError, ExportRequest, OPERATION_CREATE};
 
-pub const PENDING: &str = "pending";
-pub const SUCCEEDED: &str = "succeeded";
+pub use crate::lifecycle::{FAILED, PENDING, RUNNING, SUCCEEDED};
 
 /// An export job as its owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,12 +24,20 @@ pub struct Job {
     pub format: String,
     pub query: String,
     pub status: String,
+    /// Business version: bumped by every change others hear about.
     pub version: i64,
+    /// Processing generation: bumped by every attempt start and takeover.
+    pub generation: i64,
+    pub attempts: i32,
+    pub failures: i32,
+    pub last_error: Option<String>,
     pub result_id: Option<String>,
     pub result_size: Option<i64>,
     pub result_sha256: Option<String>,
     pub created_at_ms: i64,
     pub completed_at_ms: Option<i64>,
+    #[serde(skip)]
+    pub lease_expires_at_ms: Option<i64>,
 }
 
 /// The outcome of an intake.
@@ -40,22 +49,43 @@ pub enum Submitted {
     Existing(Job),
 }
 
+impl Submitted {
+    pub fn job(&self) -> &Job {
+        match self {
+            Submitted::Created(job) | Submitted::Existing(job) => job,
+        }
+    }
+}
+
+/// What intake needs besides the database.
+#[derive(Debug, Clone)]
+pub struct IntakeConfig {
+    pub topics: Topics,
+    /// Most unfinished jobs one caller may have.
+    pub quota: i64,
+    pub policy: LeasePolicy,
+    pub faults: Faults,
+}
+
+impl IntakeConfig {
+    pub fn new(topics: Topics) -> IntakeConfig {
+        IntakeConfig { topics, quota: 1000, policy: LeasePolicy::default(), faults: Faults::none() }
+    }
+}
+
 /// Records intent, pending job and the command to start it, atomically.
 /// The same (caller, key) with the same parameters returns the same job; with
 /// other parameters it is a conflict and nothing is written.
-pub async fn submit(
-    db: &Db,
-    topics: &Topics,
-    caller: &str,
-    key: &str,
-    request: &ExportRequest,
-) -> Result<Submitted, ExportError> {
+pub async fn submit(db: &Db, config: &IntakeConfig, caller: &str, key: &str, request: &ExportRequest) -> Result<Submitted, ExportError> {
     let fingerprint = request.fingerprint();
     if let Some(found) = existing(db, caller, key, &fingerprint).await? {
         return Ok(Submitted::Existing(found));
     }
+    config.faults.at(FaultPoint::IntakeChecked, key, 0).await?;
     let mut tx = db.begin().await?;
-    let job = insert_job(&mut tx, caller, request).await?;
+    check_quota(db.backend(), &mut tx, caller, config.quota).await?;
+    let job = insert_job(&mut tx, caller, request, config.policy.dispatch_timeout_ms()).await?;
+    config.faults.at(FaultPoint::AfterJobInsert, &job.job_id, 0).await?;
     if !insert_intent(&mut tx, caller, key, &fingerprint, &job.job_id).await? {
         // Another request with this key committed first: ours is discarded whole.
         tx.rollback().await.map_err(StoreError::from)?;
@@ -64,30 +94,61 @@ pub async fn submit(
             .map(Submitted::Existing)
             .ok_or_else(|| ExportError::Store(StoreError::Config("intent vanished after conflict".into())));
     }
+    append_command(&mut tx, &config.topics, &job).await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(Submitted::Created(job))
+}
+
+/// The command that asks a worker to run `job`; appended at intake and again
+/// by every takeover.
+pub(crate) async fn append_command(tx: &mut Tx<'_>, topics: &Topics, job: &Job) -> Result<(), ExportError> {
     let data = ExportRequested {
         job_id: job.job_id.clone(),
-        caller: caller.to_owned(),
+        caller: job.caller.clone(),
         format: job.format.clone(),
         query: job.query.clone(),
         requested_at_ms: job.created_at_ms,
         version: job.version,
     };
-    outbox::append(&mut tx, &OutboxEvent::new(&topics.commands, &job.job_id, &data, Utc::now())?).await?;
-    tx.commit().await.map_err(StoreError::from)?;
-    Ok(Submitted::Created(job))
+    outbox::append(tx, &OutboxEvent::new(&topics.commands, &job.job_id, &data, Utc::now())?).await?;
+    Ok(())
+}
+
+/// Refuses a caller at quota. On Postgres a per-caller advisory lock makes
+/// the count and the insert one step for concurrent intakes of that caller;
+/// SQLite's single writer does the same by itself.
+async fn check_quota(backend: Backend, tx: &mut Tx<'_>, caller: &str, quota: i64) -> Result<(), ExportError> {
+    if backend == Backend::Postgres {
+        sqlx::query("SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtext($1))) AS locked")
+            .bind(caller)
+            .execute(&mut **tx)
+            .await
+            .map_err(StoreError::from)?;
+    }
+    let open: i64 = sqlx::query("SELECT COUNT(*) AS n FROM export_jobs WHERE caller = $1 AND status IN ($2, $3)")
+        .bind(caller)
+        .bind(PENDING)
+        .bind(RUNNING)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(StoreError::from)?
+        .try_get("n")
+        .map_err(StoreError::from)?;
+    if open >= quota {
+        return Err(ExportError::QuotaExceeded { open, quota, retry_after_secs: 5 });
+    }
+    Ok(())
 }
 
 /// The job an earlier request with this key created, if its parameters match.
 async fn existing(db: &Db, caller: &str, key: &str, fingerprint: &str) -> Result<Option<Job>, ExportError> {
-    let row = sqlx::query(
-        "SELECT fingerprint, job_id FROM export_intents WHERE caller = $1 AND operation = $2 AND intent_key = $3",
-    )
-    .bind(caller)
-    .bind(OPERATION_CREATE)
-    .bind(key)
-    .fetch_optional(db.pool())
-    .await
-    .map_err(StoreError::from)?;
+    let row = sqlx::query("SELECT fingerprint, job_id FROM export_intents WHERE caller = $1 AND operation = $2 AND intent_key = $3")
+        .bind(caller)
+        .bind(OPERATION_CREATE)
+        .bind(key)
+        .fetch_optional(db.pool())
+        .await
+        .map_err(StoreError::from)?;
     let Some(row) = row else { return Ok(None) };
     let job_id: String = row.try_get("job_id").map_err(StoreError::from)?;
     let stored: String = row.try_get("fingerprint").map_err(StoreError::from)?;
@@ -97,7 +158,7 @@ async fn existing(db: &Db, caller: &str, key: &str, fingerprint: &str) -> Result
     Ok(get(db, caller, &job_id).await?)
 }
 
-async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest) -> Result<Job, StoreError> {
+async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest, dispatch_timeout_ms: i64) -> Result<Job, StoreError> {
     let now = now_ms();
     let job = Job {
         job_id: uuid::Uuid::now_v7().to_string(),
@@ -106,15 +167,20 @@ async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest) -> R
         query: request.query.clone(),
         status: PENDING.to_owned(),
         version: 1,
+        generation: 0,
+        attempts: 0,
+        failures: 0,
+        last_error: None,
         result_id: None,
         result_size: None,
         result_sha256: None,
         created_at_ms: now,
         completed_at_ms: None,
+        lease_expires_at_ms: Some(now + dispatch_timeout_ms),
     };
     sqlx::query(
-        "INSERT INTO export_jobs (job_id, caller, format, query, status, version, created_at_ms, updated_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $7)",
+        "INSERT INTO export_jobs (job_id, caller, format, query, status, version, created_at_ms, updated_at_ms, \
+         lease_expires_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)",
     )
     .bind(&job.job_id)
     .bind(&job.caller)
@@ -123,6 +189,7 @@ async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest) -> R
     .bind(&job.status)
     .bind(job.version)
     .bind(now)
+    .bind(job.lease_expires_at_ms)
     .execute(&mut **tx)
     .await?;
     Ok(job)
@@ -145,8 +212,8 @@ async fn insert_intent(tx: &mut Tx<'_>, caller: &str, key: &str, fingerprint: &s
     Ok(done.rows_affected() == 1)
 }
 
-const JOB_COLUMNS: &str = "job_id, caller, format, query, status, version, result_id, result_size, \
-    result_sha256, created_at_ms, completed_at_ms";
+pub(crate) const JOB_COLUMNS: &str = "job_id, caller, format, query, status, version, generation, attempts, failures, \
+    last_error, result_id, result_size, result_sha256, created_at_ms, completed_at_ms, lease_expires_at_ms";
 
 /// The job, if `caller` owns it. Someone else's job is indistinguishable from
 /// a missing one.
@@ -156,14 +223,14 @@ pub async fn get(db: &Db, caller: &str, job_id: &str) -> Result<Option<Job>, Sto
     row.as_ref().map(row_to_job).transpose()
 }
 
-/// The job regardless of owner, for the worker.
+/// The job regardless of owner, for workers and operators.
 pub async fn get_any(db: &Db, job_id: &str) -> Result<Option<Job>, StoreError> {
     let sql = format!("SELECT {JOB_COLUMNS} FROM export_jobs WHERE job_id = $1");
     let row = sqlx::query(&sql).bind(job_id).fetch_optional(db.pool()).await?;
     row.as_ref().map(row_to_job).transpose()
 }
 
-fn row_to_job(row: &AnyRow) -> Result<Job, StoreError> {
+pub(crate) fn row_to_job(row: &AnyRow) -> Result<Job, StoreError> {
     Ok(Job {
         job_id: row.try_get("job_id")?,
         caller: row.try_get("caller")?,
@@ -171,64 +238,26 @@ fn row_to_job(row: &AnyRow) -> Result<Job, StoreError> {
         query: row.try_get("query")?,
         status: row.try_get("status")?,
         version: row.try_get("version")?,
+        generation: row.try_get("generation")?,
+        attempts: row.try_get("attempts")?,
+        failures: row.try_get("failures")?,
+        last_error: row.try_get("last_error")?,
         result_id: row.try_get("result_id")?,
         result_size: row.try_get("result_size")?,
         result_sha256: row.try_get("result_sha256")?,
         created_at_ms: row.try_get("created_at_ms")?,
         completed_at_ms: row.try_get("completed_at_ms")?,
+        lease_expires_at_ms: row.try_get("lease_expires_at_ms")?,
     })
-}
-
-/// Selects `artifact` as the job's result, marks it succeeded and appends the
-/// completion event — one transaction, conditional on the job not being
-/// terminal. `false` means another attempt completed it first: nothing was
-/// written and `artifact` is an orphan.
-pub async fn complete(db: &Db, topics: &Topics, job: &Job, artifact: &StoredArtifact) -> Result<bool, ExportError> {
-    let now = now_ms();
-    let version = job.version + 1;
-    let mut tx = db.begin().await?;
-    let updated = sqlx::query(
-        "UPDATE export_jobs SET status = $1, version = $2, result_id = $3, result_size = $4, \
-         result_sha256 = $5, updated_at_ms = $6, completed_at_ms = $6 \
-         WHERE job_id = $7 AND status = $8 AND version = $9",
-    )
-    .bind(SUCCEEDED)
-    .bind(version)
-    .bind(&artifact.result_id)
-    .bind(artifact.size_bytes)
-    .bind(&artifact.sha256)
-    .bind(now)
-    .bind(&job.job_id)
-    .bind(PENDING)
-    .bind(job.version)
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
-    if updated.rows_affected() != 1 {
-        tx.rollback().await.map_err(StoreError::from)?;
-        return Ok(false);
-    }
-    let data = ExportCompleted {
-        job_id: job.job_id.clone(),
-        caller: job.caller.clone(),
-        format: job.format.clone(),
-        query: job.query.clone(),
-        result_id: artifact.result_id.clone(),
-        size_bytes: artifact.size_bytes,
-        sha256: artifact.sha256.clone(),
-        completed_at_ms: now,
-        version,
-    };
-    outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
-    tx.commit().await.map_err(StoreError::from)?;
-    Ok(true)
 }
 
 /// Jobs in `status`, for reports.
 pub async fn count_by_status(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM export_jobs WHERE status = $1")
-        .bind(status)
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM export_jobs WHERE status = $1").bind(status).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
+}
+
+/// Whether the job can still change.
+pub fn is_open(job: &Job) -> bool {
+    !lifecycle::is_terminal(&job.status)
 }

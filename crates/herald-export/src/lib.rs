@@ -1,21 +1,34 @@
-//! The export domain: intake, the job lifecycle, the worker and artifacts.
+//! The export domain: intake, the fenced job lifecycle, the worker and
+//! artifacts.
 //!
 //! - [`intake`]: request validation and its canonical fingerprint (no IO).
-//! - [`jobs`]: the sqlx adapter — intent + job + outbox command in one
-//!   transaction; conditional completion + outbox event in another.
-//! - [`worker`]: consumes export commands, writes the artifact, completes.
-//! - [`artifact`]: rendering and create-only storage of result files.
+//! - [`lifecycle`]: states, leases, retry budget as rules (no IO).
+//! - [`jobs`]: intake transaction (intent + job + outbox command) and reads.
+//! - [`attempts`]: start (generation + 1), renew, complete, fail — each a
+//!   conditional update on job id + generation, so a stale attempt changes
+//!   nothing.
+//! - [`scanner`]: takes over jobs whose lease or dispatch deadline passed.
+//! - [`cleanup`]: removes candidate artifacts no attempt can select any more.
+//! - [`worker`]: consumes export commands and runs attempts.
+//! - [`artifact`]: rendering and create-only, verified storage of results.
+//! - [`faults`]: named fault points for tests and drills.
 
 pub mod artifact;
+pub mod attempts;
+pub mod cleanup;
+pub mod faults;
 pub mod intake;
 pub mod jobs;
+pub mod lifecycle;
+pub mod scanner;
 pub mod worker;
 
 mod error;
 
 pub use error::ExportError;
 pub use intake::{ExportRequest, Format};
-pub use jobs::{Job, Submitted};
+pub use jobs::{IntakeConfig, Job, Submitted};
+pub use lifecycle::LeasePolicy;
 
 /// Operation name under which intake keys are scoped.
 pub const OPERATION_CREATE: &str = "export.create";

@@ -1,47 +1,145 @@
-//! The export worker: one command in, one artifact and at most one
-//! completion out. Its dedup is the job's state, not an inbox: completion is
-//! conditional, so a redelivered command for a finished job does nothing.
+//! The export worker: one command in, at most one selected result and one
+//! completion event out. Its dedup is the job's state and generation, not an
+//! inbox: a command for a job that is finished or held by a live attempt
+//! changes nothing.
+
+use std::time::Duration;
 
 use herald_consumer::{ProcessError, Processor};
 use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
-use herald_store::Db;
+use herald_store::{Db, now_ms};
 use rdkafka::message::BorrowedMessage;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::artifact::{ArtifactStore, render};
-use crate::{ExportError, jobs};
+use crate::artifact::{ArtifactStore, StoredArtifact, render};
+use crate::attempts::{self, Attempt, Completion, FailureOutcome, Resolved};
+use crate::faults::{FaultPoint, Faults};
+use crate::lifecycle::LeasePolicy;
+use crate::ExportError;
 
 /// Subscription name of the workers, and so consumer group `herald.export-workers`.
 pub const SUBSCRIPTION: &str = "export-workers";
+
+/// How one command ended, for callers that drive the worker directly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Completed { generation: i64, result_id: String },
+    /// Finished, or held by a live attempt: nothing done.
+    Skipped,
+    /// The attempt lost the job to a newer generation; its candidate is an orphan.
+    Refused { generation: i64, orphan: String },
+    Retrying { generation: i64 },
+    Failed { generation: i64 },
+}
 
 pub struct ExportWorker {
     db: Db,
     topics: Topics,
     artifacts: ArtifactStore,
+    policy: LeasePolicy,
+    faults: Faults,
+    owner: String,
 }
 
 impl ExportWorker {
-    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore) -> ExportWorker {
-        ExportWorker { db, topics, artifacts }
+    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore, policy: LeasePolicy, faults: Faults) -> ExportWorker {
+        let owner = format!("worker-{}", uuid::Uuid::new_v4().simple());
+        ExportWorker { db, topics, artifacts, policy, faults, owner }
     }
 
-    async fn run_job(&self, command: &ExportRequested) -> Result<(), ExportError> {
-        let Some(job) = jobs::get_any(&self.db, &command.job_id).await? else {
-            return Err(ExportError::Invalid(format!("command for unknown job {}", command.job_id)));
+    /// Runs the job a command names, if it is this worker's to run.
+    pub async fn handle(&self, job_id: &str) -> Result<Outcome, ExportError> {
+        self.faults.at(FaultPoint::BeforeStart, job_id, 0).await?;
+        let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy, now_ms()).await? else {
+            debug!(job_id, "job finished or held by a live attempt; command skipped");
+            return Ok(Outcome::Skipped);
         };
-        if job.status != jobs::PENDING {
-            debug!(job_id = %job.job_id, status = %job.status, "command for a job no longer pending; ignored");
-            return Ok(());
+        info!(job_id, generation = attempt.generation, "attempt started");
+        let lease_lost = CancellationToken::new();
+        let renewer = tokio::spawn(keep_lease(self.db.clone(), attempt.clone(), self.policy.clone(), lease_lost.clone()));
+        let outcome = tokio::select! {
+            outcome = self.run_attempt(&attempt) => outcome,
+            _ = lease_lost.cancelled() => Err(ExportError::LeaseLost),
+        };
+        renewer.abort();
+        match outcome {
+            Ok(outcome) => Ok(outcome),
+            Err(e) if e.is_retryable() => self.fail(&attempt, &e).await,
+            // Lost lease or a defect: the scanner or a newer attempt owns the job now.
+            Err(e) => {
+                warn!(job_id, generation = attempt.generation, error = %e, "attempt abandoned");
+                Ok(Outcome::Refused { generation: attempt.generation, orphan: String::new() })
+            }
         }
-        let attempt = uuid::Uuid::now_v7().to_string();
-        let artifact = self.artifacts.put_candidate(&job, &attempt, render(&job)).await?;
-        if jobs::complete(&self.db, &self.topics, &job, &artifact).await? {
-            info!(job_id = %job.job_id, result_id = %artifact.result_id, "export succeeded");
-        } else {
-            warn!(job_id = %job.job_id, orphan = %artifact.result_id, "job completed by another attempt; candidate left as orphan");
+    }
+
+    async fn run_attempt(&self, attempt: &Attempt) -> Result<Outcome, ExportError> {
+        let result_id = ArtifactStore::candidate_key(&attempt.job, attempt.generation);
+        attempts::register_candidate(&self.db, attempt, &result_id).await?;
+        let artifact = self.artifacts.put_candidate(&result_id, render(&attempt.job)).await?;
+        self.faults.at(FaultPoint::ArtifactWritten, &attempt.job.job_id, attempt.generation).await?;
+        self.complete(attempt, &artifact).await
+    }
+
+    async fn complete(&self, attempt: &Attempt, artifact: &StoredArtifact) -> Result<Outcome, ExportError> {
+        let job_id = &attempt.job.job_id;
+        let generation = attempt.generation;
+        loop {
+            match attempts::complete(&self.db, &self.topics, attempt, artifact, &self.faults).await? {
+                Completion::Completed => {
+                    info!(job_id, generation, result_id = %artifact.result_id, "export succeeded");
+                    return Ok(Outcome::Completed { generation, result_id: artifact.result_id.clone() });
+                }
+                Completion::Refused => {
+                    warn!(job_id, generation, orphan = %artifact.result_id, "stale attempt refused; candidate left as orphan");
+                    return Ok(Outcome::Refused { generation, orphan: artifact.result_id.clone() });
+                }
+                Completion::Unknown(reason) => {
+                    warn!(job_id, generation, %reason, "completion outcome unknown; reading the job");
+                    match attempts::resolve_unknown(&self.db, attempt, &artifact.result_id).await? {
+                        Resolved::Committed => {
+                            return Ok(Outcome::Completed { generation, result_id: artifact.result_id.clone() });
+                        }
+                        Resolved::NotCommitted => continue,
+                        Resolved::Stale => {
+                            return Ok(Outcome::Refused { generation, orphan: artifact.result_id.clone() });
+                        }
+                    }
+                }
+            }
         }
-        Ok(())
+    }
+
+    async fn fail(&self, attempt: &Attempt, error: &ExportError) -> Result<Outcome, ExportError> {
+        let generation = attempt.generation;
+        let jitter: f64 = rand::random();
+        let outcome = attempts::record_failure(&self.db, &self.topics, attempt, &error.to_string(), &self.policy, jitter).await?;
+        warn!(job_id = %attempt.job.job_id, generation, error = %error, ?outcome, "attempt failed");
+        Ok(match outcome {
+            FailureOutcome::Retrying { .. } => Outcome::Retrying { generation },
+            FailureOutcome::Failed => Outcome::Failed { generation },
+            FailureOutcome::Stale => Outcome::Refused { generation, orphan: String::new() },
+        })
+    }
+}
+
+/// Renews the lease at a third of its length; signals `lost` when the job is
+/// no longer this attempt's, so the attempt stops early instead of finishing
+/// work that its completion would refuse anyway.
+async fn keep_lease(db: Db, attempt: Attempt, policy: LeasePolicy, lost: CancellationToken) {
+    let period = (policy.lease / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        match attempts::renew(&db, &attempt, &policy, now_ms()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                lost.cancel();
+                return;
+            }
+            Err(e) => warn!(job_id = %attempt.job.job_id, error = %e, "lease renewal failed; retrying"),
+        }
     }
 }
 
@@ -52,10 +150,10 @@ impl Processor for ExportWorker {
             return Ok(());
         }
         let command: ExportRequested = event.data_as().map_err(|e| ProcessError::Permanent(e.to_string()))?;
-        self.run_job(&command).await.map_err(|e| match e {
-            ExportError::Store(s) if !s.is_retryable() => ProcessError::Permanent(s.to_string()),
-            ExportError::Store(_) | ExportError::Artifact(_) => ProcessError::Retryable(e.to_string()),
-            other => ProcessError::Permanent(other.to_string()),
-        })
+        match self.handle(&command.job_id).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_retryable() => Err(ProcessError::Retryable(e.to_string())),
+            Err(e) => Err(ProcessError::Permanent(e.to_string())),
+        }
     }
 }

@@ -79,7 +79,9 @@ async fn create_database(admin: &mut PgConnection, name: &str) -> anyhow::Result
     loop {
         match admin.execute(sql.as_str()).await {
             Ok(_) => return Ok(()),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && attempt < 20 => {
+            Err(sqlx::Error::Database(e))
+                if e.code().as_deref() == Some("55006") && attempt < 20 =>
+            {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
             }
@@ -118,7 +120,11 @@ mod tests {
         let mut conn = sqlx::SqliteConnection::connect(&db.url).await?;
         conn.execute("CREATE TABLE t (x INTEGER)").await?;
         conn.close().await?;
-        let file = db.url.trim_start_matches("sqlite://").trim_end_matches("?mode=rwc").to_owned();
+        let file = db
+            .url
+            .trim_start_matches("sqlite://")
+            .trim_end_matches("?mode=rwc")
+            .to_owned();
         assert!(std::path::Path::new(&file).exists());
         assert!(!db.is_postgres());
         drop(db);
@@ -129,7 +135,11 @@ mod tests {
     #[tokio::test]
     async fn postgres_dbs_are_fresh_and_distinct() -> anyhow::Result<()> {
         if std::env::var(DATABASE_URL_ENV).is_err() {
-            let err = postgres_db().await.err().map(|e| e.to_string()).unwrap_or_default();
+            let err = postgres_db()
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(err.contains("scripts/test"), "{err}");
             return Ok(());
         }

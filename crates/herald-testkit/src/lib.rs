@@ -76,7 +76,10 @@ mod tests {
         match std::env::var(KAFKA_BROKERS_ENV) {
             Ok(expected) => assert_eq!(real_broker()?, expected),
             Err(_) => {
-                let err = real_broker().err().map(|e| e.to_string()).unwrap_or_default();
+                let err = real_broker()
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
                 assert!(err.contains("scripts/test"), "{err}");
             }
         }

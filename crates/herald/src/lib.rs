@@ -3,4 +3,5 @@
 
 pub mod config;
 pub mod demo;
+pub mod lifecycle_args;
 pub mod pipeline;

@@ -1,5 +1,7 @@
 //! `herald`: one binary, one subcommand per job.
 
+use herald::lifecycle_args::LifecycleArgs;
+use herald::pipeline::Roles;
 use herald::{config, demo, pipeline};
 
 use std::process::ExitCode;
@@ -29,6 +31,15 @@ enum Command {
         /// Address of the HTTP API.
         #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
         listen: String,
+        #[command(flatten)]
+        lifecycle: LifecycleArgs,
+    },
+    /// Run export workers alone: attempts, the recovery scanner, orphan cleanup.
+    Worker {
+        #[command(flatten)]
+        backends: Backends,
+        #[command(flatten)]
+        lifecycle: LifecycleArgs,
     },
     /// Apply database migrations and exit.
     Migrate {
@@ -73,7 +84,11 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen } => serve(backends, &listen).await,
+        Command::Serve { backends, listen, lifecycle } => serve(backends, Roles::all(&listen), &lifecycle).await,
+        Command::Worker { backends, lifecycle } => {
+            let roles = Roles { api: None, relay: false, worker: true, search: false };
+            serve(backends, roles, &lifecycle).await
+        }
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;
             println!("migrations applied to {database}");
@@ -82,13 +97,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn serve(backends: Backends, listen: &str) -> anyhow::Result<ExitCode> {
+async fn serve(backends: Backends, roles: Roles, lifecycle: &LifecycleArgs) -> anyhow::Result<ExitCode> {
+    let options = lifecycle.options()?;
     let env = backends.resolve().await?;
-    let running = pipeline::start(env.wiring.clone(), listen).await?;
-    println!("herald listening on http://{}", running.api_addr);
-    if let Some(token) = &env.default_token {
-        println!("API token for caller `demo`: {token}");
-        println!("try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{}/v1/exports", running.api_addr);
+    let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
+    if let Some(addr) = running.api_addr {
+        println!("herald listening on http://{addr}");
+        if let Some(token) = &env.default_token {
+            println!("API token for caller `demo`: {token}");
+            println!("try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{addr}/v1/exports");
+        }
     }
     let shutdown: CancellationToken = running.shutdown.clone();
     tokio::spawn(async move {

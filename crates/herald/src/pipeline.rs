@@ -1,13 +1,18 @@
-//! All roles of Herald wired together in one process. Each role is a task
-//! that takes the shared shutdown token and drains before it returns.
+//! Herald's roles wired together. `herald serve` runs them all in one
+//! process; `herald worker` (and later others) run a subset. Each role is a
+//! task that takes the shared shutdown token and drains before it returns.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use herald_api::{AppState, Tokens};
 use herald_consumer::{InboxProcessor, Subscription};
 use herald_export::artifact::ArtifactStore;
+use herald_export::faults::Faults;
 use herald_export::worker::{self, ExportWorker};
+use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
 use herald_kafka::Topics;
 use herald_projections::search::{self, SearchHandler};
 use herald_relay::{Relay, RelayConfig};
@@ -29,9 +34,50 @@ pub struct Wiring {
     pub tokens: Tokens,
 }
 
+/// Which roles this process runs.
+#[derive(Debug, Clone)]
+pub struct Roles {
+    /// HTTP API on this address (port 0 picks one).
+    pub api: Option<String>,
+    pub relay: bool,
+    /// Export worker plus its recovery scanner and orphan cleanup.
+    pub worker: bool,
+    pub search: bool,
+}
+
+impl Roles {
+    pub fn all(listen: &str) -> Roles {
+        Roles { api: Some(listen.to_owned()), relay: true, worker: true, search: true }
+    }
+}
+
+/// Tunables of the job lifecycle.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub policy: LeasePolicy,
+    /// Unfinished jobs one caller may have.
+    pub quota: i64,
+    pub faults: Faults,
+    pub scan_interval: Duration,
+    /// Age before an unselectable candidate artifact is removed.
+    pub orphan_grace: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            policy: LeasePolicy::default(),
+            quota: 1000,
+            faults: Faults::none(),
+            scan_interval: Duration::from_secs(1),
+            orphan_grace: Duration::from_secs(600),
+        }
+    }
+}
+
 /// Roles running in this process.
 pub struct Running {
-    pub api_addr: std::net::SocketAddr,
+    pub api_addr: Option<SocketAddr>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -64,15 +110,30 @@ impl Running {
 
 /// Starts API, relay, export worker and search subscription.
 pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
+    start_roles(wiring, Roles::all(listen), Options::default()).await
+}
+
+pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
-    let api_addr = listener.local_addr()?;
-    let state = AppState { db: wiring.db.clone(), topics: wiring.topics.clone(), tokens: wiring.tokens.clone() };
-    tasks.spawn(api(listener, state, shutdown.clone()));
-    tasks.spawn(relay(wiring.clone(), shutdown.clone()));
-    tasks.spawn(export_worker(wiring.clone(), shutdown.clone()));
-    tasks.spawn(search_subscription(wiring, shutdown.clone()));
+    let artifacts = ArtifactStore::local(&wiring.artifacts_dir)?;
+    let mut api_addr = None;
+    if let Some(listen) = &roles.api {
+        let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+        api_addr = Some(listener.local_addr()?);
+        let intake = IntakeConfig { topics: wiring.topics.clone(), quota: options.quota, policy: options.policy.clone(), faults: options.faults.clone() };
+        let state = AppState { db: wiring.db.clone(), intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
+        tasks.spawn(api(listener, state, shutdown.clone()));
+    }
+    if roles.relay {
+        tasks.spawn(relay(wiring.clone(), shutdown.clone()));
+    }
+    if roles.worker {
+        spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
+    }
+    if roles.search {
+        tasks.spawn(search_subscription(wiring, shutdown.clone()));
+    }
     Ok(Running { api_addr, shutdown, tasks })
 }
 
@@ -86,12 +147,31 @@ async fn relay(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()
     Ok(())
 }
 
-async fn export_worker(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let artifacts = ArtifactStore::local(&wiring.artifacts_dir)?;
-    let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&wiring.topics.commands]);
-    let worker = ExportWorker::new(wiring.db, wiring.topics, artifacts);
-    herald_consumer::run(&subscription, &worker, shutdown).await?;
-    Ok(())
+fn spawn_worker_roles(
+    tasks: &mut JoinSet<anyhow::Result<()>>,
+    wiring: &Wiring,
+    options: &Options,
+    artifacts: ArtifactStore,
+    shutdown: &CancellationToken,
+) {
+    let (db, topics, policy) = (wiring.db.clone(), wiring.topics.clone(), options.policy.clone());
+    let scan = scanner::run(db.clone(), topics.clone(), policy.clone(), options.scan_interval, shutdown.clone());
+    tasks.spawn(async move {
+        scan.await;
+        Ok(())
+    });
+    let clean = cleanup::run(db.clone(), artifacts.clone(), options.orphan_grace, options.scan_interval * 10, shutdown.clone());
+    tasks.spawn(async move {
+        clean.await;
+        Ok(())
+    });
+    let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&topics.commands]);
+    let worker = ExportWorker::new(db, topics, artifacts, policy, options.faults.clone());
+    let shutdown = shutdown.clone();
+    tasks.spawn(async move {
+        herald_consumer::run(&subscription, &worker, shutdown).await?;
+        Ok(())
+    });
 }
 
 async fn search_subscription(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {

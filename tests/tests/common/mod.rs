@@ -76,7 +76,7 @@ pub async fn start(database: Database, broker: Broker) -> anyhow::Result<Stack> 
         tokens: tokens(),
     };
     let running = pipeline::start(wiring.clone(), "127.0.0.1:0").await?;
-    let base = format!("http://{}", running.api_addr);
+    let base = format!("http://{}", running.api_addr.expect("api role"));
     Ok(Stack { running: Some(running), db, wiring, base, http: reqwest::Client::new(), _test_db: test_db, _kafka: kafka, _artifacts: artifacts })
 }
 

@@ -7,6 +7,7 @@ mod report;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
@@ -40,7 +41,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let env = backends.resolve().await?;
     let token = env.default_token.clone().unwrap_or_default();
     let running = pipeline::start(env.wiring.clone(), "127.0.0.1:0").await?;
-    let client = DemoClient::new(running.api_addr, token);
+    let client = DemoClient::new(running.api_addr.context("demo runs the API")?, token);
     let started = Instant::now();
 
     let mut checks = Vec::new();

@@ -1,0 +1,243 @@
+//! Attempts: each runs under a processing generation that only it holds.
+//! Every write an attempt makes is conditional on (job id, generation,
+//! `running`), so once a takeover bumped the generation, the old attempt can
+//! change nothing — however late it wakes up.
+
+use chrono::Utc;
+use herald_envelope::{ExportCompleted, ExportFailed, OutboxEvent};
+use herald_kafka::Topics;
+use herald_store::{Db, StoreError, now_ms, outbox};
+use sqlx::Row;
+
+use crate::artifact::StoredArtifact;
+use crate::faults::{FaultAction, FaultPoint, Faults};
+use crate::jobs::{JOB_COLUMNS, Job, row_to_job};
+use crate::lifecycle::{AfterFailure, FAILED, LeasePolicy, PENDING, RUNNING, SUCCEEDED};
+use crate::ExportError;
+
+/// A started attempt: the job as it was when this attempt claimed it.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    pub job: Job,
+    pub generation: i64,
+    pub owner: String,
+}
+
+/// Claims the job for a new attempt if it is pending, or running under an
+/// expired lease. `None`: a live attempt holds it or it is finished — a
+/// duplicate command, not a reason to act.
+pub async fn start(db: &Db, job_id: &str, owner: &str, policy: &LeasePolicy, now: i64) -> Result<Option<Attempt>, StoreError> {
+    let sql = format!(
+        "UPDATE export_jobs SET status = $1, generation = generation + 1, attempts = attempts + 1, \
+         lease_owner = $2, lease_expires_at_ms = $3, updated_at_ms = $4 \
+         WHERE job_id = $5 AND (status = $6 OR (status = $1 AND lease_expires_at_ms < $4)) \
+         RETURNING {JOB_COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(RUNNING)
+        .bind(owner)
+        .bind(now + policy.lease_ms())
+        .bind(now)
+        .bind(job_id)
+        .bind(PENDING)
+        .fetch_optional(db.pool())
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let job = row_to_job(&row)?;
+    Ok(Some(Attempt { generation: job.generation, job, owner: owner.to_owned() }))
+}
+
+/// Extends the lease. `false`: the attempt lost the job and must stop.
+pub async fn renew(db: &Db, attempt: &Attempt, policy: &LeasePolicy, now: i64) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE export_jobs SET lease_expires_at_ms = $1 WHERE job_id = $2 AND generation = $3 AND status = $4",
+    )
+    .bind(now + policy.lease_ms())
+    .bind(&attempt.job.job_id)
+    .bind(attempt.generation)
+    .bind(RUNNING)
+    .execute(db.pool())
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records the candidate's key before the file is written, so a crash after
+/// the write still leaves a row cleanup can find.
+pub async fn register_candidate(db: &Db, attempt: &Attempt, result_id: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO export_artifacts (result_id, job_id, generation, created_at_ms) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (result_id) DO NOTHING",
+    )
+    .bind(result_id)
+    .bind(&attempt.job.job_id)
+    .bind(attempt.generation)
+    .bind(now_ms())
+    .execute(db.pool())
+    .await?;
+    Ok(())
+}
+
+/// How a completion ended.
+#[derive(Debug)]
+pub enum Completion {
+    /// This attempt's result is selected and the completion event appended.
+    Completed,
+    /// A newer generation owns the job (or it is finished): nothing written.
+    Refused,
+    /// The commit was sent but its answer lost: resolve by reading, never by
+    /// guessing.
+    Unknown(String),
+}
+
+/// Selects `artifact`, marks the job succeeded and appends the one completion
+/// event, in one transaction conditional on (job id, generation, `running`).
+pub async fn complete(db: &Db, topics: &Topics, attempt: &Attempt, artifact: &StoredArtifact, faults: &Faults) -> Result<Completion, ExportError> {
+    let job = &attempt.job;
+    let now = now_ms();
+    let version = job.version + 1;
+    let mut tx = db.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE export_jobs SET status = $1, version = $2, result_id = $3, result_size = $4, result_sha256 = $5, \
+         updated_at_ms = $6, completed_at_ms = $6, lease_owner = NULL, lease_expires_at_ms = NULL \
+         WHERE job_id = $7 AND generation = $8 AND status = $9",
+    )
+    .bind(SUCCEEDED)
+    .bind(version)
+    .bind(&artifact.result_id)
+    .bind(artifact.size_bytes)
+    .bind(&artifact.sha256)
+    .bind(now)
+    .bind(&job.job_id)
+    .bind(attempt.generation)
+    .bind(RUNNING)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    if updated.rows_affected() != 1 {
+        tx.rollback().await.map_err(StoreError::from)?;
+        return Ok(Completion::Refused);
+    }
+    let data = ExportCompleted {
+        job_id: job.job_id.clone(),
+        caller: job.caller.clone(),
+        format: job.format.clone(),
+        query: job.query.clone(),
+        result_id: artifact.result_id.clone(),
+        size_bytes: artifact.size_bytes,
+        sha256: artifact.sha256.clone(),
+        completed_at_ms: now,
+        version,
+    };
+    outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
+    match faults.at(FaultPoint::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
+        FaultAction::CommitThenLoseAnswer => {
+            tx.commit().await.map_err(StoreError::from)?;
+            return Ok(Completion::Unknown("injected: commit answer lost".into()));
+        }
+        FaultAction::DropThenLoseAnswer => {
+            drop(tx);
+            return Ok(Completion::Unknown("injected: connection lost before commit".into()));
+        }
+        FaultAction::Continue | FaultAction::Fail(_) => {}
+    }
+    match tx.commit().await.map_err(StoreError::from) {
+        Ok(()) => Ok(Completion::Completed),
+        // Lost connection during COMMIT: it may or may not have happened.
+        Err(e) if e.is_retryable() => Ok(Completion::Unknown(e.to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What reading the job says about a completion whose outcome was unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// The commit happened: the job is succeeded with this attempt's result.
+    Committed,
+    /// It did not: the job is still this attempt's to complete.
+    NotCommitted,
+    /// Someone else owns or finished the job; this attempt is stale.
+    Stale,
+}
+
+/// Reads the job (and its completion events) to learn what an unknown
+/// commit did.
+pub async fn resolve_unknown(db: &Db, attempt: &Attempt, result_id: &str) -> Result<Resolved, StoreError> {
+    let Some(job) = crate::jobs::get_any(db, &attempt.job.job_id).await? else {
+        return Ok(Resolved::Stale);
+    };
+    if job.status == SUCCEEDED && job.generation == attempt.generation && job.result_id.as_deref() == Some(result_id) {
+        return Ok(Resolved::Committed);
+    }
+    if job.status == RUNNING && job.generation == attempt.generation {
+        let events: i64 = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE subject = $1 AND event_type = $2")
+            .bind(&job.job_id)
+            .bind("herald.export.completed")
+            .fetch_one(db.pool())
+            .await?
+            .try_get("n")?;
+        // Job row and event commit together; a lone event would be a defect.
+        return Ok(if events == 0 { Resolved::NotCommitted } else { Resolved::Stale });
+    }
+    Ok(Resolved::Stale)
+}
+
+/// What became of a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOutcome {
+    Retrying { retry_at_ms: i64 },
+    Failed,
+    /// The attempt no longer owned the job; nothing recorded.
+    Stale,
+}
+
+/// Records a temporary failure: back to pending with a retry time, or — with
+/// the budget spent — `failed` plus its event, in one transaction.
+pub async fn record_failure(db: &Db, topics: &Topics, attempt: &Attempt, error: &str, policy: &LeasePolicy, jitter: f64) -> Result<FailureOutcome, ExportError> {
+    let now = now_ms();
+    let failures = attempt.job.failures + 1;
+    let decision = policy.after_failure(failures, now, jitter);
+    let (status, deadline, version) = match decision {
+        AfterFailure::Retry { retry_at_ms } => (PENDING, Some(retry_at_ms), attempt.job.version),
+        AfterFailure::Fail => (FAILED, None, attempt.job.version + 1),
+    };
+    let mut tx = db.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE export_jobs SET status = $1, failures = $2, last_error = $3, lease_owner = NULL, \
+         lease_expires_at_ms = $4, version = $5, updated_at_ms = $6 WHERE job_id = $7 AND generation = $8 AND status = $9",
+    )
+    .bind(status)
+    .bind(failures)
+    .bind(error)
+    .bind(deadline)
+    .bind(version)
+    .bind(now)
+    .bind(&attempt.job.job_id)
+    .bind(attempt.generation)
+    .bind(RUNNING)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
+    if updated.rows_affected() != 1 {
+        tx.rollback().await.map_err(StoreError::from)?;
+        return Ok(FailureOutcome::Stale);
+    }
+    if decision == AfterFailure::Fail {
+        let job = &attempt.job;
+        let data = ExportFailed {
+            job_id: job.job_id.clone(),
+            caller: job.caller.clone(),
+            format: job.format.clone(),
+            query: job.query.clone(),
+            reason: error.to_owned(),
+            attempts: i64::from(job.attempts),
+            failed_at_ms: now,
+            version,
+        };
+        outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
+    }
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(match decision {
+        AfterFailure::Retry { retry_at_ms } => FailureOutcome::Retrying { retry_at_ms },
+        AfterFailure::Fail => FailureOutcome::Failed,
+    })
+}

@@ -1,0 +1,292 @@
+//! Invariants 1–4 on PostgreSQL and SQLite, driven directly through the
+//! domain's adapters so races are forced with gates and time is injected:
+//! one job per key under concurrency, atomic intake, one winner between two
+//! processors, a stale attempt refused after takeover, unknown commit
+//! outcomes resolved by reading, and a retry budget that ends in `failed`.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::Database;
+use herald_export::artifact::ArtifactStore;
+use herald_export::faults::{FaultAction, FaultPoint, Faults};
+use herald_export::worker::{ExportWorker, Outcome};
+use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, cleanup, jobs, scanner};
+use herald_kafka::Topics;
+use herald_store::{Db, now_ms};
+use herald_testkit::{Gate, TestDb};
+use tokio::sync::{Notify, oneshot};
+
+struct Env {
+    db: Db,
+    artifacts: ArtifactStore,
+    _dir: tempfile::TempDir,
+    _test_db: TestDb,
+}
+
+async fn env(database: Database) -> anyhow::Result<Env> {
+    let test_db = common::test_db(database).await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let dir = tempfile::tempdir()?;
+    Ok(Env { db, artifacts: ArtifactStore::local(dir.path())?, _dir: dir, _test_db: test_db })
+}
+
+/// A long lease: no renewal or expiry happens by itself during a test; time
+/// moves only where a test passes a later `now` to the scanner.
+fn policy() -> LeasePolicy {
+    LeasePolicy { lease: Duration::from_secs(60), attempt_budget: 2, ..LeasePolicy::default() }
+}
+
+fn request(query: &str) -> ExportRequest {
+    ExportRequest { format: Format::Csv, query: query.to_owned() }
+}
+
+fn intake(faults: Faults) -> IntakeConfig {
+    IntakeConfig { faults, policy: policy(), ..IntakeConfig::new(Topics::default()) }
+}
+
+impl Env {
+    fn worker(&self, faults: Faults) -> ExportWorker {
+        ExportWorker::new(self.db.clone(), Topics::default(), self.artifacts.clone(), policy(), faults)
+    }
+
+    async fn submit(&self, query: &str) -> anyhow::Result<String> {
+        Ok(jobs::submit(&self.db, &intake(Faults::none()), "alice", query, &request(query)).await?.job().job_id.clone())
+    }
+
+    async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        common::count(&self.db, sql).await
+    }
+
+    async fn completions(&self, job_id: &str) -> anyhow::Result<i64> {
+        self.count(&format!("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND subject = '{job_id}'")).await
+    }
+}
+
+/// A hook that lets `parties` callers through `point` only together.
+fn gate_at(point: FaultPoint, parties: usize) -> Faults {
+    let gate = Arc::new(Gate::new(parties));
+    Faults::hook(move |ctx| {
+        let gate = gate.clone();
+        async move {
+            if ctx.point == point {
+                gate.arrive_and_wait().await;
+            }
+            FaultAction::Continue
+        }
+    })
+}
+
+async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let fail = Faults::hook(|ctx| async move {
+        if ctx.point == FaultPoint::AfterJobInsert { FaultAction::Fail("crash after the job insert".into()) } else { FaultAction::Continue }
+    });
+    let err = jobs::submit(&env.db, &intake(fail), "alice", "k", &request("q")).await.unwrap_err();
+    assert!(matches!(err, ExportError::Injected { point: FaultPoint::AfterJobInsert, .. }), "{err}");
+    for table in ["export_jobs", "export_intents", "outbox"] {
+        assert_eq!(env.count(&format!("SELECT COUNT(*) AS n FROM {table}")).await?, 0, "{table}");
+    }
+    // The retry with the same key succeeds as if the first never happened.
+    let again = jobs::submit(&env.db, &intake(Faults::none()), "alice", "k", &request("q")).await?;
+    assert!(matches!(again, Submitted::Created(_)));
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox").await?, 1);
+    Ok(())
+}
+
+async fn concurrent_identical_requests_make_one_job(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let config = intake(gate_at(FaultPoint::IntakeChecked, 20));
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            let (db, config) = (env.db.clone(), config.clone());
+            tokio::spawn(async move { jobs::submit(&db, &config, "alice", "same-key", &request("same")).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    let mut created = 0;
+    for h in handles {
+        let submitted = h.await??;
+        created += usize::from(matches!(submitted, Submitted::Created(_)));
+        ids.push(submitted.job().job_id.clone());
+    }
+    ids.dedup();
+    assert_eq!((created, ids.len()), (1, 1), "one creator, one job id");
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM export_jobs").await?, 1);
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox").await?, 1);
+    Ok(())
+}
+
+async fn concurrent_different_bodies_one_wins(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let config = intake(gate_at(FaultPoint::IntakeChecked, 10));
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            let (db, config) = (env.db.clone(), config.clone());
+            tokio::spawn(async move { jobs::submit(&db, &config, "alice", "contested", &request(&format!("body {i}"))).await })
+        })
+        .collect();
+    let (mut won, mut conflicts) = (0, 0);
+    for h in handles {
+        match h.await? {
+            Ok(Submitted::Created(_)) => won += 1,
+            Err(ExportError::KeyConflict { .. }) => conflicts += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((won, conflicts), (1, 9));
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM export_jobs").await?, 1);
+    Ok(())
+}
+
+async fn two_processors_one_transition(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let job_id = env.submit("race").await?;
+    let faults = gate_at(FaultPoint::BeforeStart, 2);
+    let (a, b) = (env.worker(faults.clone()), env.worker(faults));
+    let (ra, rb) = tokio::join!(a.handle(&job_id), b.handle(&job_id));
+    let outcomes = [ra?, rb?];
+    let completed = outcomes.iter().filter(|o| matches!(o, Outcome::Completed { .. })).count();
+    let skipped = outcomes.iter().filter(|o| **o == Outcome::Skipped).count();
+    assert_eq!((completed, skipped), (1, 1), "{outcomes:?}");
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!((job.attempts, job.generation, job.status.as_str()), (1, 1, "succeeded"));
+    assert_eq!(env.completions(&job_id).await?, 1);
+    Ok(())
+}
+
+async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let job_id = env.submit("stale").await?;
+    let (arrived_tx, arrived) = oneshot::channel::<()>();
+    let arrived_tx = Arc::new(std::sync::Mutex::new(Some(arrived_tx)));
+    let release = Arc::new(Notify::new());
+    let paused = {
+        let release = release.clone();
+        Faults::hook(move |ctx| {
+            let (arrived_tx, release) = (arrived_tx.clone(), release.clone());
+            async move {
+                if ctx.point == FaultPoint::ArtifactWritten && ctx.generation == 1 {
+                    if let Some(tx) = arrived_tx.lock().expect("lock").take() {
+                        let _ = tx.send(());
+                    }
+                    release.notified().await;
+                }
+                FaultAction::Continue
+            }
+        })
+    };
+    let stale = env.worker(paused);
+    let stale_job = job_id.clone();
+    let stale_run = tokio::spawn(async move { stale.handle(&stale_job).await });
+    arrived.await?;
+
+    // The stale attempt's lease is long over as far as the scanner knows.
+    let later = now_ms() + policy().lease_ms() + 1;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), later).await?, 1);
+    let fresh = env.worker(Faults::none()).handle(&job_id).await?;
+    let Outcome::Completed { generation: 3, result_id: selected } = fresh else { panic!("{fresh:?}") };
+
+    release.notify_one();
+    let refused = stale_run.await??;
+    let Outcome::Refused { generation: 1, orphan } = refused else { panic!("{refused:?}") };
+    assert_eq!(env.completions(&job_id).await?, 1, "the stale attempt appended nothing");
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!(job.result_id.as_deref(), Some(selected.as_str()));
+    assert!(env.artifacts.exists(&orphan).await?, "candidate left as an orphan");
+
+    // Cleanup removes the orphan after the grace period, never the selected result.
+    let grace = Duration::from_secs(600);
+    assert!(cleanup::orphans(&env.db, now_ms(), grace).await?.is_empty(), "not before the grace period");
+    let after_grace = now_ms() + 601_000;
+    assert_eq!(cleanup::orphans(&env.db, after_grace, grace).await?, vec![orphan.clone()]);
+    assert_eq!(cleanup::remove_orphans(&env.db, &env.artifacts, after_grace, grace).await?, 1);
+    assert!(!env.artifacts.exists(&orphan).await?);
+    assert!(env.artifacts.exists(&selected).await?);
+    Ok(())
+}
+
+async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost: FaultAction) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let job_id = env.submit("unknown").await?;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let faults = {
+        let calls = calls.clone();
+        Faults::hook(move |ctx| {
+            let (calls, lost) = (calls.clone(), lost.clone());
+            async move {
+                // Only the first commit loses its answer.
+                if ctx.point == FaultPoint::BeforeCompletionCommit && calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    lost
+                } else {
+                    FaultAction::Continue
+                }
+            }
+        })
+    };
+    let outcome = env.worker(faults).handle(&job_id).await?;
+    assert!(matches!(outcome, Outcome::Completed { generation: 1, .. }), "{outcome:?}");
+    assert_eq!(env.completions(&job_id).await?, 1);
+    assert_eq!(jobs::get_any(&env.db, &job_id).await?.expect("job").status, "succeeded");
+    assert!(calls.load(Ordering::SeqCst) >= 1, "the fault point was reached");
+    Ok(())
+}
+
+async fn temporary_errors_retry_then_fail(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let job_id = env.submit("flaky").await?;
+    let failing = Faults::hook(|ctx| async move {
+        if ctx.point == FaultPoint::ArtifactWritten { FaultAction::Fail("store flaked".into()) } else { FaultAction::Continue }
+    });
+    let worker = env.worker(failing);
+    assert_eq!(worker.handle(&job_id).await?, Outcome::Retrying { generation: 1 });
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!((job.status.as_str(), job.failures), ("pending", 1));
+    // Not re-issued before its retry time; re-issued after it.
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), now_ms()).await?, 0);
+    let retry_at = job.lease_expires_at_ms.expect("retry time");
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), retry_at + 1).await?, 1);
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.requested'").await?, 2);
+    assert_eq!(worker.handle(&job_id).await?, Outcome::Failed { generation: 3 });
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!((job.status.as_str(), job.failures), ("failed", 2));
+    assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.failed'").await?, 1);
+    assert_eq!(env.completions(&job_id).await?, 0);
+    Ok(())
+}
+
+macro_rules! on_both {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread")]
+            async fn postgres() -> anyhow::Result<()> {
+                $body(Database::Postgres).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn sqlite() -> anyhow::Result<()> {
+                $body(Database::Sqlite).await
+            }
+        }
+    };
+}
+
+on_both!(intake_is_atomic, intake_failure_leaves_nothing);
+on_both!(twenty_identical_requests, concurrent_identical_requests_make_one_job);
+on_both!(one_key_different_bodies, concurrent_different_bodies_one_wins);
+on_both!(two_processors, two_processors_one_transition);
+on_both!(stale_attempt, stale_attempt_is_refused_after_takeover);
+on_both!(retry_budget, temporary_errors_retry_then_fail);
+on_both!(commit_answer_lost, commit_answer_lost_after_commit);
+on_both!(connection_lost_before_commit, connection_lost_before_the_commit);
+
+async fn commit_answer_lost_after_commit(database: Database) -> anyhow::Result<()> {
+    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::CommitThenLoseAnswer).await
+}
+
+async fn connection_lost_before_the_commit(database: Database) -> anyhow::Result<()> {
+    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::DropThenLoseAnswer).await
+}
