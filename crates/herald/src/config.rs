@@ -28,6 +28,12 @@ pub struct Backends {
     /// Directory of export artifacts; default: under the data directory.
     #[arg(long, env = "HERALD_ARTIFACTS_DIR")]
     pub artifacts: Option<PathBuf>,
+    /// Prefix of Herald's topic names (`<prefix>.export.commands`), to share a cluster.
+    #[arg(long, env = "HERALD_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
+    /// Prefix of consumer group ids (`<prefix>.<subscription>`).
+    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
+    pub group_prefix: String,
     /// API tokens as token:caller,token:caller; default: one printed at start.
     #[arg(long, env = "HERALD_API_TOKENS")]
     pub tokens: Option<String>,
@@ -50,7 +56,7 @@ impl Backends {
             None => format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display()),
         };
         let db = Db::connect_and_migrate(&database).await.with_context(|| format!("database {database}"))?;
-        let topics = Topics::default();
+        let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
         let (brokers, embedded) = match &self.kafka {
             Some(brokers) => {
                 herald_kafka::ensure_topics(brokers, &topics.all(), self.partitions).await?;
@@ -71,7 +77,7 @@ impl Backends {
         let artifacts_dir = self.artifacts.clone().unwrap_or_else(|| data_dir.path().join("artifacts"));
         info!(%database, %brokers, artifacts = %artifacts_dir.display(), "backends ready");
         Ok(Environment {
-            wiring: Wiring { db, brokers, topics, group_prefix: "herald".to_owned(), artifacts_dir, tokens },
+            wiring: Wiring { db, brokers, topics, group_prefix: self.group_prefix.clone(), artifacts_dir, tokens },
             default_token,
             _embedded_kafka: embedded,
             _data_dir: Some(data_dir),

@@ -37,7 +37,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: --exports must be at least 1");
         return Ok(ExitCode::from(2));
     }
-    let backends = Backends { database: None, kafka: None, partitions: 4, artifacts: None, tokens: None };
+    let backends = Backends {
+        database: None,
+        kafka: None,
+        partitions: 4,
+        artifacts: None,
+        topic_prefix: None,
+        group_prefix: "herald".into(),
+        tokens: None,
+    };
     let env = backends.resolve().await?;
     let token = env.default_token.clone().unwrap_or_default();
     let running = pipeline::start(env.wiring.clone(), "127.0.0.1:0").await?;
