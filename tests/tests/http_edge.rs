@@ -21,7 +21,7 @@ async fn api_only(database: Database) -> anyhow::Result<()> {
     let artifacts_dir = tempfile::tempdir()?;
     let state = AppState {
         db: db.clone(),
-        intake: IntakeConfig::new(Topics::default()),
+        intake: IntakeConfig { quota: 2, ..IntakeConfig::new(Topics::default()) },
         artifacts: ArtifactStore::local(artifacts_dir.path())?,
         tokens: common::tokens(),
     };
@@ -56,6 +56,28 @@ async fn api_only(database: Database) -> anyhow::Result<()> {
     assert_eq!(status, 409, "{conflict}");
     assert_eq!(common::count(&db, "SELECT COUNT(*) AS n FROM export_jobs").await?, 1);
     assert_eq!(common::count(&db, "SELECT COUNT(*) AS n FROM outbox").await?, 1);
+
+    // No result before the job finished; someone else cannot even tell it exists.
+    let job_id = first["job_id"].as_str().expect("job_id");
+    let status_of = |token: &'static str| {
+        let url = format!("{base}/v1/exports/{job_id}/result");
+        let http = http.clone();
+        async move { anyhow::Ok(http.get(url).bearer_auth(token).send().await?.status().as_u16()) }
+    };
+    assert_eq!(status_of(ALICE).await?, 409);
+    assert_eq!(status_of(common::BOB).await?, 404);
+
+    // Quota of unfinished jobs: the second fits, the third is refused with a hint.
+    let (status, _, _) = common::post_export(&http, &base, ALICE, Some("second"), &export_body("csv", "two")).await?;
+    assert_eq!(status, 202);
+    let (status, headers, problem) = common::post_export(&http, &base, ALICE, Some("third"), &export_body("csv", "three")).await?;
+    assert_eq!(status, 429, "{problem}");
+    assert_eq!(headers["retry-after"], "5");
+    assert_eq!(headers["content-type"], "application/problem+json");
+    assert_eq!(common::count(&db, "SELECT COUNT(*) AS n FROM export_jobs").await?, 2);
+    // A repeat of an accepted request is not a new job, so quota does not refuse it.
+    let (status, _, _) = common::post_export(&http, &base, ALICE, Some("second"), &export_body("csv", "two")).await?;
+    assert_eq!(status, 202);
 
     shutdown.cancel();
     server.await??;

@@ -258,6 +258,43 @@ async fn temporary_errors_retry_then_fail(database: Database) -> anyhow::Result<
     Ok(())
 }
 
+/// A dropped attempt (its process or task died) must stop renewing its lease,
+/// or the scanner could never take the job over.
+async fn dropped_attempt_stops_renewing(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let job_id = env.submit("dropped").await?;
+    let (arrived_tx, arrived) = oneshot::channel::<()>();
+    let arrived_tx = Arc::new(std::sync::Mutex::new(Some(arrived_tx)));
+    let hang = Faults::hook(move |ctx| {
+        let arrived_tx = arrived_tx.clone();
+        async move {
+            if ctx.point == FaultPoint::ArtifactWritten {
+                if let Some(tx) = arrived_tx.lock().expect("lock").take() {
+                    let _ = tx.send(());
+                }
+                return std::future::pending().await;
+            }
+            FaultAction::Continue
+        }
+    });
+    let short = LeasePolicy { lease: Duration::from_millis(60), ..policy() };
+    let worker = ExportWorker::new(env.db.clone(), Topics::default(), env.artifacts.clone(), short.clone(), hang);
+    let job = job_id.clone();
+    let attempt = tokio::spawn(async move { worker.handle(&job).await });
+    arrived.await?;
+    attempt.abort();
+    let _ = attempt.await;
+    let lease_at_drop = jobs::get_any(&env.db, &job_id).await?.expect("job").lease_expires_at_ms.expect("lease");
+    // Wait out several renewal periods past the lease; a live renewer would move it.
+    while now_ms() <= lease_at_drop + 3 * short.lease_ms() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!(job.lease_expires_at_ms, Some(lease_at_drop), "nobody renews a dropped attempt's lease");
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &short, now_ms()).await?, 1);
+    Ok(())
+}
+
 macro_rules! on_both {
     ($name:ident, $body:expr) => {
         mod $name {
@@ -280,6 +317,7 @@ on_both!(one_key_different_bodies, concurrent_different_bodies_one_wins);
 on_both!(two_processors, two_processors_one_transition);
 on_both!(stale_attempt, stale_attempt_is_refused_after_takeover);
 on_both!(retry_budget, temporary_errors_retry_then_fail);
+on_both!(dropped_attempt, dropped_attempt_stops_renewing);
 on_both!(commit_answer_lost, commit_answer_lost_after_commit);
 on_both!(connection_lost_before_commit, connection_lost_before_the_commit);
 

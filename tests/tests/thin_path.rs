@@ -34,8 +34,16 @@ async fn thin_path(database: Database, broker: Broker) -> anyhow::Result<()> {
     assert_eq!(status, 200);
     assert_eq!(job["status"], "succeeded");
     assert!(job["result_sha256"].as_str().is_some_and(|s| s.len() == 64), "{job}");
-    // Another caller cannot see it, nor find it.
+    // The owner downloads the selected result; its checksum is the job's.
+    let result = stack.http.get(format!("{}/v1/exports/{}/result", stack.base, job_ids[0])).bearer_auth(ALICE).send().await?;
+    assert_eq!(result.status(), 200);
+    assert_eq!(result.headers()["content-type"], "application/json");
+    let bytes = result.bytes().await?;
+    assert_eq!(job["result_size"].as_u64(), Some(bytes.len() as u64));
+    assert_eq!(job["result_sha256"].as_str(), Some(sha256_hex(&bytes).as_str()));
+    // Another caller cannot see it, fetch it, nor find it.
     assert_eq!(stack.get(BOB, &format!("/v1/exports/{}", job_ids[0])).await?.0, 404);
+    assert_eq!(stack.get(BOB, &format!("/v1/exports/{}/result", job_ids[0])).await?.0, 404);
     assert_eq!(stack.get(BOB, "/v1/search?q=thin").await?.1["hits"].as_array().map(Vec::len), Some(0));
 
     assert_eq!(stack.count("SELECT COUNT(*) AS n FROM export_jobs").await?, 3);
@@ -62,4 +70,9 @@ async fn thin_path_sqlite_real_broker() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn thin_path_postgres_real_broker() -> anyhow::Result<()> {
     thin_path(Database::Postgres, Broker::Real).await
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }

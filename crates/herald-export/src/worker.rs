@@ -10,7 +10,6 @@ use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
 use herald_store::{Db, now_ms};
 use rdkafka::message::BorrowedMessage;
-use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
@@ -57,13 +56,12 @@ impl ExportWorker {
             return Ok(Outcome::Skipped);
         };
         info!(job_id, generation = attempt.generation, "attempt started");
-        let lease_lost = CancellationToken::new();
-        let renewer = tokio::spawn(keep_lease(self.db.clone(), attempt.clone(), self.policy.clone(), lease_lost.clone()));
+        // The renewal is part of the attempt's future, not a task of its own:
+        // whatever drops the attempt (crash, cancellation) stops renewing too.
         let outcome = tokio::select! {
             outcome = self.run_attempt(&attempt) => outcome,
-            _ = lease_lost.cancelled() => Err(ExportError::LeaseLost),
+            () = keep_lease(&self.db, &attempt, &self.policy) => Err(ExportError::LeaseLost),
         };
-        renewer.abort();
         match outcome {
             Ok(outcome) => Ok(outcome),
             Err(e) if e.is_retryable() => self.fail(&attempt, &e).await,
@@ -125,19 +123,16 @@ impl ExportWorker {
     }
 }
 
-/// Renews the lease at a third of its length; signals `lost` when the job is
-/// no longer this attempt's, so the attempt stops early instead of finishing
+/// Renews the lease at a third of its length; returns when the job is no
+/// longer this attempt's, so the attempt stops early instead of finishing
 /// work that its completion would refuse anyway.
-async fn keep_lease(db: Db, attempt: Attempt, policy: LeasePolicy, lost: CancellationToken) {
+async fn keep_lease(db: &Db, attempt: &Attempt, policy: &LeasePolicy) {
     let period = (policy.lease / 3).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(period).await;
-        match attempts::renew(&db, &attempt, &policy, now_ms()).await {
+        match attempts::renew(db, attempt, policy, now_ms()).await {
             Ok(true) => {}
-            Ok(false) => {
-                lost.cancel();
-                return;
-            }
+            Ok(false) => return,
             Err(e) => warn!(job_id = %attempt.job.job_id, error = %e, "lease renewal failed; retrying"),
         }
     }

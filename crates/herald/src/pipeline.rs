@@ -96,6 +96,13 @@ impl Running {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Drops every role where it stands, as a killed process would: no drain,
+    /// no lease release, no offset commit. For demos and drills.
+    pub async fn crash(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
     /// Waits until a role fails or `shutdown` is cancelled from outside.
     pub async fn until_stopped(mut self) -> anyhow::Result<()> {
         tokio::select! {

@@ -3,6 +3,7 @@
 
 mod client;
 mod report;
+mod takeover;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -12,7 +13,9 @@ use clap::Args;
 use serde_json::json;
 
 use crate::config::Backends;
-use crate::pipeline;
+use herald_export::LeasePolicy;
+
+use crate::pipeline::{self, Options, Roles};
 use client::DemoClient;
 use report::{Check, Counts};
 
@@ -48,7 +51,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let env = backends.resolve().await?;
     let token = env.default_token.clone().unwrap_or_default();
-    let running = pipeline::start(env.wiring.clone(), "127.0.0.1:0").await?;
+    let options = Options {
+        policy: LeasePolicy { lease: Duration::from_secs(1), ..LeasePolicy::default() },
+        scan_interval: Duration::from_millis(200),
+        ..Options::default()
+    };
+    let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, search: true };
+    let running = pipeline::start_roles(env.wiring.clone(), core_roles, options.clone()).await?;
+    let (hooks, mut hung_rx) = takeover::hang_first_attempt(2);
+    let mut workers = Vec::new();
+    for faults in hooks {
+        let worker_roles = Roles { api: None, relay: false, worker: true, search: false };
+        workers.push(Some(pipeline::start_roles(env.wiring.clone(), worker_roles, Options { faults, ..options.clone() }).await?));
+    }
     let client = DemoClient::new(running.api_addr.context("demo runs the API")?, token);
     let started = Instant::now();
 
@@ -56,12 +71,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let intake = client.submit_all(args.exports, REPEAT_EVERY).await?;
     checks.extend(intake.checks());
     checks.extend(client.bad_input_checks(&env.wiring.db).await?);
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let hung = tokio::time::timeout(timeout, hung_rx.recv()).await?.context("no attempt reached the crash point")?;
+    if let Some(victim) = workers.get_mut(hung.worker).and_then(Option::take) {
+        victim.crash().await;
+    }
 
     let settled = report::wait_settled(&env.wiring.db, args.exports as i64, Duration::from_secs(args.timeout_secs)).await?;
     checks.push(Check::new("pipeline settled", settled, format!("after {:.1}s", started.elapsed().as_secs_f64())));
     let counts = Counts::gather(&env.wiring.db, &env.wiring.brokers, &env.wiring.topics).await?;
     checks.extend(counts.checks(args.exports as i64));
     checks.push(client.search_check(&intake).await?);
+    checks.push(takeover::check(&env.wiring.db, &hung, timeout).await?);
+    for worker in workers.into_iter().flatten() {
+        worker.stop().await?;
+    }
     running.stop().await?;
 
     let ok = checks.iter().all(|c| c.ok);
