@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use futures::stream::BoxStream;
+use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
+use object_store::prefix::PrefixStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use sha2::{Digest, Sha256};
@@ -37,6 +39,44 @@ impl ArtifactStore {
 
     pub fn new(store: Arc<dyn ObjectStore>) -> ArtifactStore {
         ArtifactStore { store }
+    }
+
+    /// Artifacts where `location` says: a directory path or `file://` URL for
+    /// the local filesystem, or `s3://bucket[/prefix]` for an S3-compatible
+    /// store configured by the usual `AWS_*` variables (`AWS_ENDPOINT`,
+    /// `AWS_ALLOW_HTTP`, credentials, region). Create-only puts on S3 use
+    /// conditional writes (`If-None-Match: *`), which the store must support.
+    pub fn from_location(location: &str) -> Result<ArtifactStore, ExportError> {
+        ArtifactStore::from_location_with(location, &[])
+    }
+
+    /// As [`ArtifactStore::from_location`], with S3 settings given as
+    /// `aws_*` option pairs (e.g. `("aws_endpoint", "http://…")`) over the
+    /// environment's.
+    pub fn from_location_with(location: &str, s3_options: &[(&str, &str)]) -> Result<ArtifactStore, ExportError> {
+        let Some(rest) = location.strip_prefix("s3://") else {
+            let dir = location.strip_prefix("file://").unwrap_or(location);
+            return ArtifactStore::local(Path::new(dir));
+        };
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(ExportError::Invalid(format!("artifact location `{location}` names no bucket")));
+        }
+        let mut builder = AmazonS3Builder::from_env();
+        for (key, value) in s3_options {
+            let key = key.parse().map_err(|e| ExportError::Invalid(format!("S3 option `{key}`: {e}")))?;
+            builder = builder.with_config(key, *value);
+        }
+        let s3 = builder
+            .with_bucket_name(bucket)
+            .with_conditional_put(S3ConditionalPut::ETagMatch)
+            .build()?;
+        let store: Arc<dyn ObjectStore> = if prefix.trim_matches('/').is_empty() {
+            Arc::new(s3)
+        } else {
+            Arc::new(PrefixStore::new(s3, prefix.trim_matches('/')))
+        };
+        Ok(ArtifactStore { store })
     }
 
     /// The key attempt `generation` of `job` writes its candidate under; no
@@ -102,5 +142,30 @@ pub fn render(job: &Job) -> Vec<u8> {
             }
             out.into_bytes()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn candidates_are_create_only_and_verified() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ArtifactStore::from_location(&format!("file://{}", dir.path().display())).unwrap();
+        let stored = store.put_candidate("exports/j/g1.csv", b"a,b\n".to_vec()).await.unwrap();
+        assert_eq!(stored.size_bytes, 4);
+        assert_eq!(stored.sha256.len(), 64);
+        let again = store.put_candidate("exports/j/g1.csv", b"other".to_vec()).await;
+        assert!(matches!(again, Err(ExportError::Artifact(object_store::Error::AlreadyExists { .. }))), "{again:?}");
+        assert!(store.exists("exports/j/g1.csv").await.unwrap());
+        store.delete("exports/j/g1.csv").await.unwrap();
+        store.delete("exports/j/g1.csv").await.unwrap();
+        assert!(!store.exists("exports/j/g1.csv").await.unwrap());
+    }
+
+    #[test]
+    fn s3_location_needs_a_bucket() {
+        assert!(matches!(ArtifactStore::from_location("s3://"), Err(ExportError::Invalid(_))));
     }
 }

@@ -39,6 +39,17 @@ pub fn real_broker() -> anyhow::Result<String> {
     }
 }
 
+/// Environment variable holding the endpoint of the S3-compatible server.
+pub const S3_ENDPOINT_ENV: &str = "HERALD_TEST_S3_ENDPOINT";
+
+/// Endpoint of the S3-compatible server (moto) started by `scripts/test`.
+pub fn s3_endpoint() -> anyhow::Result<String> {
+    match std::env::var(S3_ENDPOINT_ENV) {
+        Ok(endpoint) if !endpoint.trim().is_empty() => Ok(endpoint),
+        _ => anyhow::bail!("{S3_ENDPOINT_ENV} is not set: run the tests with scripts/test, which starts moto_server"),
+    }
+}
+
 /// `prefix` followed by a short random suffix, e.g. `export.commands-3f9a1c2e`.
 ///
 /// Topics and consumer groups on the shared broker outlive the test that made

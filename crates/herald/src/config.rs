@@ -2,8 +2,6 @@
 //! (SQLite in a temporary directory + the in-process Kafka mock cluster) when
 //! neither names a database or a broker.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use clap::Args;
 use herald_api::Tokens;
@@ -25,9 +23,10 @@ pub struct Backends {
     /// Partitions of topics Herald creates.
     #[arg(long, env = "HERALD_KAFKA_PARTITIONS", default_value_t = 4)]
     pub partitions: i32,
-    /// Directory of export artifacts; default: under the data directory.
-    #[arg(long, env = "HERALD_ARTIFACTS_DIR")]
-    pub artifacts: Option<PathBuf>,
+    /// Where export artifacts go: a directory, or s3://bucket/prefix (configured
+    /// by the AWS_* variables); default: a temporary directory.
+    #[arg(long, env = "HERALD_ARTIFACTS")]
+    pub artifacts: Option<String>,
     /// Prefix of Herald's topic names (`<prefix>.export.commands`), to share a cluster.
     #[arg(long, env = "HERALD_TOPIC_PREFIX")]
     pub topic_prefix: Option<String>,
@@ -74,10 +73,10 @@ impl Backends {
                 (Tokens::single(&token, "demo"), Some(token))
             }
         };
-        let artifacts_dir = self.artifacts.clone().unwrap_or_else(|| data_dir.path().join("artifacts"));
-        info!(%database, %brokers, artifacts = %artifacts_dir.display(), "backends ready");
+        let artifacts = self.artifacts.clone().unwrap_or_else(|| data_dir.path().join("artifacts").display().to_string());
+        info!(%database, %brokers, %artifacts, "backends ready");
         Ok(Environment {
-            wiring: Wiring { db, brokers, topics, group_prefix: self.group_prefix.clone(), artifacts_dir, tokens },
+            wiring: Wiring { db, brokers, topics, group_prefix: self.group_prefix.clone(), artifacts, tokens },
             default_token,
             _embedded_kafka: embedded,
             _data_dir: Some(data_dir),

@@ -3,7 +3,6 @@
 //! task that takes the shared shutdown token and drains before it returns.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -30,7 +29,8 @@ pub struct Wiring {
     pub topics: Topics,
     /// Consumer groups are `<group_prefix>.<subscription>`.
     pub group_prefix: String,
-    pub artifacts_dir: PathBuf,
+    /// Artifact location: a directory or `s3://bucket/prefix`.
+    pub artifacts: String,
     pub tokens: Tokens,
 }
 
@@ -123,7 +123,7 @@ pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
 pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let artifacts = ArtifactStore::local(&wiring.artifacts_dir)?;
+    let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
     let mut api_addr = None;
     if let Some(listen) = &roles.api {
         let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;

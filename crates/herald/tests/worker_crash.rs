@@ -37,7 +37,7 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
         brokers: kafka.bootstrap_servers().to_owned(),
         topics: topics.clone(),
         group_prefix: group_prefix.clone(),
-        artifacts_dir: artifacts.path().to_owned(),
+        artifacts: artifacts.path().display().to_string(),
         tokens: Tokens::single("t", "alice"),
     };
     let relay = pipeline::start_roles(wiring.clone(), Roles { api: None, relay: true, worker: false, search: false }, Options::default()).await?;
@@ -48,7 +48,7 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
         .env("HERALD_KAFKA_BROKERS", kafka.bootstrap_servers())
         .env("HERALD_TOPIC_PREFIX", &topic_prefix)
         .env("HERALD_GROUP_PREFIX", &group_prefix)
-        .env("HERALD_ARTIFACTS_DIR", artifacts.path())
+        .env("HERALD_ARTIFACTS", artifacts.path())
         .env("HERALD_FAULT", "hang:artifact-written")
         .stdout(Stdio::piped())
         .kill_on_drop(true)

@@ -72,7 +72,7 @@ pub async fn start(database: Database, broker: Broker) -> anyhow::Result<Stack> 
         brokers,
         topics,
         group_prefix: herald_testkit::unique("herald"),
-        artifacts_dir: artifacts.path().to_owned(),
+        artifacts: artifacts.path().display().to_string(),
         tokens: tokens(),
     };
     let running = pipeline::start(wiring.clone(), "127.0.0.1:0").await?;
