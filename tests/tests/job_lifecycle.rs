@@ -85,7 +85,7 @@ async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()>
     let fail = Faults::hook(|ctx| async move {
         if ctx.point == FaultPoint::AfterJobInsert { FaultAction::Fail("crash after the job insert".into()) } else { FaultAction::Continue }
     });
-    let err = jobs::submit(&env.db, &intake(fail), "alice", "k", &request("q")).await.unwrap_err();
+    let err = jobs::submit(&env.db, &intake(fail), "alice", "k", &request("q")).await.expect_err("injected fault");
     assert!(matches!(err, ExportError::Injected { point: FaultPoint::AfterJobInsert, .. }), "{err}");
     for table in ["export_jobs", "export_intents", "outbox"] {
         assert_eq!(env.count(&format!("SELECT COUNT(*) AS n FROM {table}")).await?, 0, "{table}");
