@@ -21,7 +21,8 @@ ALTER TABLE outbox ADD COLUMN slice INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE outbox ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
 -- When a row that failed with a retryable error may be tried again.
 ALTER TABLE outbox ADD COLUMN next_attempt_at_ms BIGINT;
-CREATE INDEX outbox_slice_xid ON outbox (slice, xid);
+-- A slice is read in (xid, seq) order from its cursor: one range scan.
+CREATE INDEX outbox_slice_xid_seq ON outbox (slice, xid, seq);
 
 -- One row per slice: the claim (seed 004's owner, token, claimed at, expires
 -- at, attempt count) and the fenced cursor. Progress is written only with
@@ -37,8 +38,10 @@ CREATE TABLE relay_slices (
     cursor_lo           TEXT   NOT NULL DEFAULT '1:1:',
     -- Snapshot being worked through, if any (PostgreSQL; unused on SQLite).
     cursor_hi           TEXT,
-    -- Within (lo, hi]: rows up to this sequence are done. On SQLite, whose
-    -- single writer commits in sequence order, the whole cursor.
+    -- Within (lo, hi]: rows up to (cursor_xid, cursor_seq) are done. On
+    -- SQLite, whose single writer commits in sequence order, cursor_seq is
+    -- the whole cursor.
+    cursor_xid          BIGINT NOT NULL DEFAULT 0,
     cursor_seq          BIGINT NOT NULL DEFAULT 0,
     progress_at_ms      BIGINT NOT NULL DEFAULT 0
 );

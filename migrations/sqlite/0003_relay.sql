@@ -17,6 +17,7 @@ CREATE TABLE relay_slices (
     claim_attempt_count BIGINT NOT NULL DEFAULT 0,
     cursor_lo           TEXT   NOT NULL DEFAULT '1:1:',
     cursor_hi           TEXT,
+    cursor_xid          BIGINT NOT NULL DEFAULT 0,
     cursor_seq          BIGINT NOT NULL DEFAULT 0,
     progress_at_ms      BIGINT NOT NULL DEFAULT 0
 );

@@ -54,7 +54,7 @@ impl Relay {
         info!(owner = %config.owner, batch = config.batch_size, lease_ms = config.lease_ms(), "relay started");
         let listener = tokio::spawn(wake::listen(self.shared.db.clone(), self.shared.wake.clone(), shutdown.child_token()));
         let mut held: HashMap<i32, Held> = HashMap::new();
-        let mut tasks: JoinSet<(i32, End)> = JoinSet::new();
+        let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
         let mut tick = tokio::time::interval(config.renew_every);
         loop {
             tokio::select! {
@@ -62,7 +62,15 @@ impl Relay {
                 _ = tick.tick() => self.maintain(&mut held, &mut tasks).await,
                 Some(joined) = tasks.join_next() => {
                     match joined {
-                        Ok((slice, end)) => { held.remove(&slice); if end == End::Lost { warn!(slice, "slice lost to another relay"); } }
+                        Ok((slice, token, end)) => {
+                            // Only if it is still this claim: the slice may have been claimed anew.
+                            if held.get(&slice).is_some_and(|h| h.token == token) {
+                                held.remove(&slice);
+                            }
+                            if end == End::Lost {
+                                warn!(slice, "slice lost to another relay");
+                            }
+                        }
                         Err(e) => warn!(error = %e, "slice task panicked"),
                     }
                 }
@@ -81,7 +89,7 @@ impl Relay {
 
     /// Renews held leases, stops slices whose lease is gone, and takes or
     /// gives back slices so that each live relay holds about its share.
-    async fn maintain(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, End)>) {
+    async fn maintain(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, String, End)>) {
         let (db, config) = (&self.shared.db, &self.shared.config);
         let tokens: Vec<String> = held.values().map(|h| h.token.clone()).collect();
         match store::renew(db, &tokens, config.lease_ms()).await {
@@ -116,9 +124,13 @@ impl Relay {
                     info!(slice = claim.slice, attempt = claim.attempt_count, "slice claimed");
                     RelayStats::add(&self.shared.stats.claims, 1);
                     let stop = CancellationToken::new();
-                    held.insert(claim.slice, Held { token: claim.token.clone(), stop: stop.clone() });
-                    let (shared, slice) = (self.shared.clone(), claim.slice);
-                    tasks.spawn(async move { (slice, slice::run(shared, claim, stop).await) });
+                    let fresh = Held { token: claim.token.clone(), stop: stop.clone() };
+                    if let Some(old) = held.insert(claim.slice, fresh) {
+                        // An earlier claim of ours expired and its task still drains.
+                        old.stop.cancel();
+                    }
+                    let (shared, slice, token) = (self.shared.clone(), claim.slice, claim.token.clone());
+                    tasks.spawn(async move { (slice, token, slice::run(shared, claim, stop).await) });
                 }
             }
             Err(e) => warn!(error = %e, "claiming slices failed"),

@@ -71,7 +71,7 @@ impl Worker {
                 }
             };
             if rows.is_empty() {
-                self.cursor = self.cursor.after(self.cursor.seq, true);
+                self.cursor = self.cursor.after(None, true);
                 self.idle_wait(stop).await;
                 continue;
             }
@@ -98,7 +98,7 @@ impl Worker {
         };
         self.shared.publisher.check_fatal(&verdicts);
         let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
-        let next = if settled.stopped { self.cursor.after(settled.last_done, false) } else { self.cursor.after(settled.last_done, step_done) };
+        let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
         let probe = config.probes.0.before_progress(self.claim.slice, rows.len()).await;
         if probe == ProbeAction::LoseAck {
             warn!(slice = self.claim.slice, "probe: acknowledgement lost before progress was recorded");
@@ -198,8 +198,8 @@ fn backoff_left(head: &OutboxRow) -> Option<Duration> {
 pub(crate) struct Settled {
     pub delivered: Vec<i64>,
     pub setbacks: Vec<Setback>,
-    /// Last sequence the cursor may pass.
-    pub last_done: i64,
+    /// (xid, seq) of the last row the cursor may pass.
+    pub last_done: Option<(i64, i64)>,
     /// A retryable failure stopped the batch: rows after it are not recorded
     /// (even if acknowledged) and are published again after the retry.
     pub stopped: bool,
@@ -219,7 +219,7 @@ pub(crate) fn settle(
     for (i, (row, verdict)) in rows.iter().zip(verdicts.iter()).enumerate() {
         let Err(error) = verdict else {
             settled.delivered.push(row.seq);
-            settled.last_done = row.seq;
+            settled.last_done = Some((row.xid, row.seq));
             continue;
         };
         let attempts = row.attempts + 1;
@@ -231,7 +231,7 @@ pub(crate) fn settle(
         if status != outbox::RETRYABLE_FAILED {
             error!(seq = row.seq, event_id = %row.event.id, status, %error, "row set aside");
             settled.setbacks.push(Setback { seq: row.seq, status, error: error.message.clone(), next_attempt_at_ms: None });
-            settled.last_done = row.seq;
+            settled.last_done = Some((row.xid, row.seq));
             continue;
         }
         let at = now_ms() + backoff(row.attempts).as_millis() as i64;

@@ -34,6 +34,9 @@ pub struct OutboxRow {
     pub attempts: i32,
     /// Set while the row waits out a retry backoff.
     pub next_attempt_at_ms: Option<i64>,
+    /// Id of the transaction that wrote it (PostgreSQL, as read by the
+    /// relay; 0 otherwise): with `seq`, its place in a relay step.
+    pub xid: i64,
     pub event: OutboxEvent,
 }
 
@@ -71,6 +74,7 @@ pub(crate) fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
         seq: row.try_get("seq")?,
         attempts: row.try_get("attempts")?,
         next_attempt_at_ms: row.try_get("next_attempt_at_ms")?,
+        xid: row.try_get("row_xid").unwrap_or(0),
         event: OutboxEvent {
             id: row.try_get("event_id")?,
             source: row.try_get("source")?,

@@ -13,9 +13,9 @@
 //! PostgreSQL the cursor is a pair of snapshots: rows visible in `hi` but not
 //! in `lo` are exactly the rows committed between the two, whatever their
 //! sequence numbers, and a row committing after `hi` falls into a later step.
-//! Within a step rows go in sequence order; `seq` after `last seq done`
-//! resumes a step. On SQLite the single writer commits in sequence order, so
-//! the sequence alone is the cursor.
+//! Within a step rows go in (transaction id, sequence) order — one range scan
+//! of the `(slice, xid, seq)` index from the cursor. On SQLite the single
+//! writer commits in sequence order, so the sequence alone is the cursor.
 
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -46,17 +46,21 @@ pub struct Cursor {
     pub lo: String,
     /// Snapshot being worked through; `None` until the next read takes one.
     pub hi: Option<String>,
-    /// Within `(lo, hi]` (or on SQLite, overall): rows up to here are done.
+    /// Within `(lo, hi]`: rows up to (`xid`, `seq`) are done (PostgreSQL).
+    pub xid: i64,
+    /// On SQLite, the whole cursor: rows up to here are done.
     pub seq: i64,
 }
 
 impl Cursor {
-    /// The cursor after rows up to `last_seq` are done. `step_done` says the
-    /// read returned everything left between `lo` and `hi`.
-    pub fn after(&self, last_seq: i64, step_done: bool) -> Cursor {
-        match (&self.hi, step_done) {
-            (Some(hi), true) => Cursor { lo: hi.clone(), hi: None, seq: 0 },
-            _ => Cursor { lo: self.lo.clone(), hi: self.hi.clone(), seq: last_seq.max(self.seq) },
+    /// The cursor after the rows up to `done` (`(xid, seq)` of the last row
+    /// done, if any) are done. `step_done` says the read returned everything
+    /// left between `lo` and `hi`.
+    pub fn after(&self, done: Option<(i64, i64)>, step_done: bool) -> Cursor {
+        match (&self.hi, step_done, done) {
+            (Some(hi), true, _) => Cursor { lo: hi.clone(), hi: None, xid: 0, seq: 0 },
+            (_, _, Some((xid, seq))) => Cursor { xid, seq, ..self.clone() },
+            (_, _, None) => self.clone(),
         }
     }
 }
@@ -89,7 +93,7 @@ pub async fn claim(db: &Db, owner: &str, ttl_ms: i64, max: i64) -> Result<Vec<Cl
          claim_attempt_count = claim_attempt_count + 1 \
          WHERE slice IN (SELECT slice FROM relay_slices WHERE claim_expires_at_ms <= {now} \
          ORDER BY slice LIMIT $4 {lock}) \
-         RETURNING slice, claim_owner, claim_token, claim_attempt_count, cursor_lo, cursor_hi, cursor_seq"
+         RETURNING slice, claim_owner, claim_token, claim_attempt_count, cursor_lo, cursor_hi, cursor_xid, cursor_seq"
     );
     let rows = sqlx::query(&sql).bind(owner).bind(token).bind(ttl_ms).bind(max).fetch_all(db.pool()).await?;
     rows.iter().map(row_to_claim).collect()
@@ -101,7 +105,12 @@ fn row_to_claim(row: &AnyRow) -> Result<Claim, StoreError> {
         owner: row.try_get("claim_owner")?,
         token: row.try_get("claim_token")?,
         attempt_count: row.try_get("claim_attempt_count")?,
-        cursor: Cursor { lo: row.try_get("cursor_lo")?, hi: row.try_get("cursor_hi")?, seq: row.try_get("cursor_seq")? },
+        cursor: Cursor {
+            lo: row.try_get("cursor_lo")?,
+            hi: row.try_get("cursor_hi")?,
+            xid: row.try_get("cursor_xid")?,
+            seq: row.try_get("cursor_seq")?,
+        },
     })
 }
 
@@ -187,24 +196,27 @@ pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(V
         None => {
             let row = sqlx::query("SELECT CAST(pg_current_snapshot() AS TEXT) AS hi").fetch_one(db.pool()).await?;
             let hi: String = row.try_get("hi")?;
-            cursor = Cursor { lo: cursor.lo, hi: Some(hi.clone()), seq: 0 };
+            cursor = Cursor { lo: cursor.lo, hi: Some(hi.clone()), xid: 0, seq: 0 };
             hi
         }
     };
-    // The xid range lets the (slice, xid) index find the step; the two
-    // visibility tests make it exact.
+    // The xid range and the (xid, seq) position are one range scan of the
+    // (slice, xid, seq) index, in order; the two visibility tests make the
+    // step exact.
     let sql = format!(
-        "SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 \
+        "SELECT {ROW_COLUMNS}, CAST(CAST(xid AS TEXT) AS BIGINT) AS row_xid FROM outbox WHERE slice = $1 \
          AND xid >= pg_snapshot_xmin(CAST($2 AS TEXT)::pg_snapshot) \
+         AND (xid, seq) > (CAST(CAST($4 AS TEXT) AS xid8), $5) \
          AND xid < pg_snapshot_xmax(CAST($3 AS TEXT)::pg_snapshot) \
          AND NOT pg_visible_in_snapshot(xid, CAST($2 AS TEXT)::pg_snapshot) \
          AND pg_visible_in_snapshot(xid, CAST($3 AS TEXT)::pg_snapshot) \
-         AND seq > $4 AND {live} ORDER BY seq LIMIT $5"
+         AND {live} ORDER BY xid, seq LIMIT $6"
     );
     let rows = sqlx::query(&sql)
         .bind(slice)
         .bind(&cursor.lo)
         .bind(&hi)
+        .bind(cursor.xid)
         .bind(cursor.seq)
         .bind(limit)
         .fetch_all(db.pool())
@@ -249,7 +261,7 @@ pub async fn record_progress(
     // First, and in the same transaction: the fence. On PostgreSQL this also
     // locks the slice row, so a takeover waits for this commit or wins first.
     let fenced = sqlx::query(&format!(
-        "UPDATE relay_slices SET cursor_lo = $1, cursor_hi = $2, cursor_seq = $3, \
+        "UPDATE relay_slices SET cursor_lo = $1, cursor_hi = $2, cursor_seq = $3, cursor_xid = $7, \
          claim_expires_at_ms = {now} + $4, progress_at_ms = {now} \
          WHERE slice = $5 AND claim_token = $6 AND claim_expires_at_ms > {now}"
     ))
@@ -259,6 +271,7 @@ pub async fn record_progress(
     .bind(ttl_ms)
     .bind(claim.slice)
     .bind(&claim.token)
+    .bind(cursor.xid)
     .execute(&mut *tx)
     .await?;
     if fenced.rows_affected() != 1 {
@@ -298,7 +311,7 @@ pub async fn record_progress(
 pub async fn slices(db: &Db) -> Result<Vec<Claim>, StoreError> {
     let rows = sqlx::query(
         "SELECT slice, COALESCE(claim_owner, '') AS claim_owner, COALESCE(claim_token, '') AS claim_token, \
-         claim_attempt_count, cursor_lo, cursor_hi, cursor_seq FROM relay_slices ORDER BY slice",
+         claim_attempt_count, cursor_lo, cursor_hi, cursor_xid, cursor_seq FROM relay_slices ORDER BY slice",
     )
     .fetch_all(db.pool())
     .await?;
@@ -323,11 +336,12 @@ mod tests {
 
     #[test]
     fn cursor_moves_to_the_next_step_only_when_one_is_done() {
-        let c = Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), seq: 10 };
-        assert_eq!(c.after(20, false), Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), seq: 20 });
-        assert_eq!(c.after(20, true), Cursor { lo: "5:9:7".into(), hi: None, seq: 0 });
+        let c = Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 6, seq: 10 };
+        assert_eq!(c.after(Some((8, 20)), false), Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 8, seq: 20 });
+        assert_eq!(c.after(None, false), c, "nothing done, nothing moves");
+        assert_eq!(c.after(Some((8, 20)), true), Cursor { lo: "5:9:7".into(), hi: None, xid: 0, seq: 0 });
         // SQLite: no snapshots, the sequence is the cursor.
-        let s = Cursor { lo: "1:1:".into(), hi: None, seq: 10 };
-        assert_eq!(s.after(20, true), Cursor { lo: "1:1:".into(), hi: None, seq: 20 });
+        let s = Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 10 };
+        assert_eq!(s.after(Some((0, 20)), true), Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 20 });
     }
 }
