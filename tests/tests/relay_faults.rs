@@ -233,3 +233,17 @@ async fn a_record_too_large_is_failed_not_delivered_and_its_key_goes_on() -> any
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_wakes_an_idle_relay_without_waiting_for_its_poll() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    // Polling alone would take a minute: only the NOTIFY can be this quick.
+    let relay = b.start(RelayConfig { idle_max: Duration::from_secs(60), ..config("notify") })?;
+    // Listening, and every slice read once, found nothing and now waits.
+    wait_until("listening and idle", || async { Ok(stat(&relay.stats.listening) == 1 && stat(&relay.stats.idle) >= 16) }).await?;
+    let started = std::time::Instant::now();
+    let second = b.append(&["notify"]).await?;
+    wait_until("the row delivered", || async { Ok(b.status_of(&second[0]).await?.0 == outbox::DELIVERED) }).await?;
+    assert!(started.elapsed() < Duration::from_secs(10), "woken after {:?}", started.elapsed());
+    relay.stop().await
+}

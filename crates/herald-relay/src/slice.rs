@@ -159,6 +159,7 @@ impl Worker {
 
     /// Nothing to read: wait for a NOTIFY (PostgreSQL) or poll with backoff.
     async fn idle_wait(&mut self, stop: &CancellationToken) {
+        RelayStats::add(&self.shared.stats.idle, 1);
         let config = &self.shared.config;
         let wait = match self.shared.db.backend() {
             Backend::Postgres => config.idle_max,

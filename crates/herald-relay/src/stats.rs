@@ -18,6 +18,10 @@ pub struct RelayStats {
     pub unrecorded: AtomicU64,
     /// Slices claimed.
     pub claims: AtomicU64,
+    /// Times a slice found nothing to read and began to wait.
+    pub idle: AtomicU64,
+    /// 1 while the PostgreSQL `LISTEN` for new rows is active.
+    pub listening: AtomicU64,
 }
 
 impl RelayStats {
