@@ -8,7 +8,7 @@
 //! a key comes in order.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use herald_store::relay::{self as store, Claim, Cursor, Fence, Setback};
@@ -59,6 +59,7 @@ impl Worker {
         let slice = self.claim.slice;
         while !stop.is_cancelled() {
             self.wake.borrow_and_update();
+            let started = Instant::now();
             let rows = match store::read(&self.shared.db, slice, &self.cursor, self.shared.config.batch_size).await {
                 Ok((rows, cursor)) => {
                     self.cursor = cursor;
@@ -70,6 +71,7 @@ impl Worker {
                     continue;
                 }
             };
+            RelayStats::time(&self.shared.stats.read_us, started);
             if rows.is_empty() {
                 self.cursor = self.cursor.after(None, true);
                 self.idle_wait(stop).await;
@@ -91,11 +93,13 @@ impl Worker {
     async fn batch(&mut self, rows: Vec<OutboxRow>, stop: &CancellationToken) -> Option<End> {
         let config = &self.shared.config;
         let step_done = (rows.len() as i64) < config.batch_size;
+        let started = Instant::now();
         let Some(verdicts) = self.publish(&rows, stop).await else {
             // Stopping with acknowledgements outstanding: record nothing.
             RelayStats::add(&self.shared.stats.unrecorded, 1);
             return Some(End::Released);
         };
+        RelayStats::time(&self.shared.stats.publish_us, started);
         self.shared.publisher.check_fatal(&verdicts);
         let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
         let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
@@ -104,7 +108,10 @@ impl Worker {
             warn!(slice = self.claim.slice, "probe: acknowledgement lost before progress was recorded");
             return self.unrecorded();
         }
-        match store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await {
+        let started = Instant::now();
+        let recorded = store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await;
+        RelayStats::time(&self.shared.stats.record_us, started);
+        match recorded {
             Ok(Fence::Held) => {
                 self.persisted = next.clone();
                 self.cursor = next;

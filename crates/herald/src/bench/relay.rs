@@ -94,6 +94,9 @@ fn events(n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
 struct Run {
     events: u64,
     secs: f64,
+    /// Herald's relay only: share of its slices' time spent reading,
+    /// awaiting the broker and recording progress.
+    split: Option<[f64; 3]>,
 }
 
 impl Run {
@@ -114,7 +117,7 @@ async fn raw_producer(brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<R
     for delivery in deliveries {
         delivery.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
     }
-    Ok(Run { events: events.len() as u64, secs: started.elapsed().as_secs_f64() })
+    Ok(Run { events: events.len() as u64, secs: started.elapsed().as_secs_f64(), split: None })
 }
 
 /// Select one row, publish it, await the ack, mark it, repeat. Its producer
@@ -158,7 +161,7 @@ async fn naive_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::
         sent += 1;
     }
     anyhow::ensure!(sent == events.len() as u64, "naive relay moved {sent} of {} rows", events.len());
-    Ok(Run { events: sent, secs: started.elapsed().as_secs_f64() })
+    Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
 }
 
 async fn herald_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
@@ -182,7 +185,9 @@ async fn herald_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow:
     task.await?;
     let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
     anyhow::ensure!(delivered == want as i64, "{delivered} rows marked delivered, expected {want}");
-    Ok(Run { events: want, secs })
+    let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayStats::get(c) as f64);
+    let total: f64 = phases.iter().sum::<f64>().max(1.0);
+    Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
 }
 
 async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
@@ -205,6 +210,7 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
             "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": (vs_raw * 100.0).round() / 100.0,
             "events": herald.events, "naive_events": naive.events, "partitions": args.partitions,
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "relay_time_split": herald.split.map(|[r, p, w]| json!({"read": r, "await_broker": p, "record_progress": w})),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
@@ -216,6 +222,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
     }
     println!();
     println!("Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %", vs_raw * 100.0);
+    if let Some([r, p, w]) = herald.split {
+        println!("Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % recording progress", r * 100.0, p * 100.0, w * 100.0);
+    }
     Ok(())
 }
 
