@@ -58,7 +58,7 @@ async fn progress_is_fenced(postgres: bool) -> anyhow::Result<()> {
     // The lease runs out: even the right token may not write any more.
     sqlx::query("UPDATE relay_slices SET claim_expires_at_ms = 0 WHERE slice = $1").bind(claim.slice).execute(a.pool()).await?;
     assert_eq!(store::record_progress(&a, &claim, &regress, &[], &[], 60_000).await?, Fence::Lost);
-    assert!(store::renew(&a, &[claim.token.clone()], 60_000).await?.is_empty(), "an expired lease is not renewed");
+    assert!(store::renew(&a, std::slice::from_ref(&claim.token), 60_000).await?.is_empty(), "an expired lease is not renewed");
 
     // A new claim of the same slice is a new token and a higher count, and
     // goes on from the last recorded cursor.

@@ -20,9 +20,12 @@ use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 /// An in-process Kafka-protocol cluster; dropped, it stops.
 pub struct EmbeddedKafka {
     bootstrap: String,
-    commands: Option<mpsc::Sender<(Fault, mpsc::Sender<Result<(), KafkaError>>)>>,
+    commands: Option<mpsc::Sender<Command>>,
     thread: Option<JoinHandle<()>>,
 }
+
+/// A fault for the cluster's thread and where to send how applying it went.
+type Command = (Fault, mpsc::Sender<Result<(), KafkaError>>);
 
 /// A fault to inject into the running cluster.
 #[derive(Debug, Clone)]
@@ -51,7 +54,7 @@ impl EmbeddedKafka {
     pub fn start(brokers: i32, topics: &[&str], partitions: i32) -> Result<Self, KafkaError> {
         let topics: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
         let (ready_tx, ready_rx) = mpsc::channel();
-        let (command_tx, command_rx) = mpsc::channel::<(Fault, mpsc::Sender<Result<(), KafkaError>>)>();
+        let (command_tx, command_rx) = mpsc::channel::<Command>();
         let thread = std::thread::Builder::new()
             .name("herald-embedded-kafka".into())
             .spawn(move || {

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Args)]
 pub struct RelayBenchArgs {
     /// Events for the raw producer and Herald's relay.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1000..=10_000_000))]
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1000..=10_000_000))]
     events: u64,
     /// Events for the naive relay (it is slow; its rate does not depend on the count).
     #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
