@@ -278,19 +278,7 @@ pub async fn record_progress(
         tx.rollback().await?;
         return Ok(Fence::Lost);
     }
-    for chunk in delivered.chunks(1000) {
-        // By primary key, no indexed column changes: a HOT update.
-        let sql = format!(
-            "UPDATE outbox SET status = $1, delivered_at_ms = {now}, attempts = attempts + 1, \
-             next_attempt_at_ms = NULL WHERE seq IN ({})",
-            placeholders(2, chunk.len())
-        );
-        let mut query = sqlx::query(&sql).bind(outbox::DELIVERED);
-        for seq in chunk {
-            query = query.bind(*seq);
-        }
-        query.execute(&mut *tx).await?;
-    }
+    mark_delivered(db, &mut tx, delivered).await?;
     for setback in setbacks {
         sqlx::query(
             "UPDATE outbox SET status = $1, attempts = attempts + 1, last_error = $2, \
@@ -305,6 +293,35 @@ pub async fn record_progress(
     }
     tx.commit().await?;
     Ok(Fence::Held)
+}
+
+/// By primary key, and no indexed column changes: HOT updates, no index
+/// churn. PostgreSQL gets the keys as one array literal (one parameter, one
+/// cached statement, whatever the batch size); SQLite a list of parameters.
+async fn mark_delivered(db: &Db, tx: &mut crate::Tx<'_>, seqs: &[i64]) -> Result<(), StoreError> {
+    let now = db.now_sql();
+    let set = format!("UPDATE outbox SET status = $1, delivered_at_ms = {now}, attempts = attempts + 1, next_attempt_at_ms = NULL");
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    if db.backend() == Backend::Postgres {
+        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        sqlx::query(&format!("{set} WHERE seq = ANY(CAST($2 AS TEXT)::BIGINT[])"))
+            .bind(outbox::DELIVERED)
+            .bind(format!("{{{list}}}"))
+            .execute(&mut **tx)
+            .await?;
+        return Ok(());
+    }
+    for chunk in seqs.chunks(1000) {
+        let sql = format!("{set} WHERE seq IN ({})", placeholders(2, chunk.len()));
+        let mut query = sqlx::query(&sql).bind(outbox::DELIVERED);
+        for seq in chunk {
+            query = query.bind(*seq);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// The state of every slice, for operators and tests.
