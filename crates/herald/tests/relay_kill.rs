@@ -123,3 +123,33 @@ async fn three_relays_killed_at_random_lose_nothing_and_keep_key_order() -> anyh
     println!("{} records for {EVENTS} events: {} duplicates after {KILLS} SIGKILLs", records.len(), records.len() - EVENTS);
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_drains_and_gives_the_slices_back() -> anyhow::Result<()> {
+    let test_db = herald_testkit::postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let topic = herald_testkit::unique("term");
+    let kafka = EmbeddedKafka::start(1, &[&topic], PARTITIONS)?;
+    // A lease far longer than the test: only a release can free the slices.
+    let mut relay = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["relay", "--database", &test_db.url, "--kafka", kafka.bootstrap_servers(), "--lease-ms", "600000", "--owner", "term"])
+        .env("HERALD_LOG", "warn")
+        .spawn()?;
+    let held = || async {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM relay_slices WHERE claim_owner = 'term'").fetch_one(db.pool()).await?;
+        anyhow::Ok(row.try_get::<i64, _>("n")?)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while held().await? < 16 {
+        anyhow::ensure!(Instant::now() < deadline, "the relay never claimed its slices");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = Command::new("kill").args(["-TERM", &relay.id().to_string()]).status()?;
+    assert!(status.success());
+    let exit = relay.wait()?;
+    assert!(exit.success(), "a drained relay exits 0: {exit:?}");
+    assert_eq!(held().await?, 0, "every claim released, none left to expire");
+    let free = sqlx::query("SELECT COUNT(*) AS n FROM relay_slices WHERE claim_expires_at_ms = 0").fetch_one(db.pool()).await?;
+    assert_eq!(free.try_get::<i64, _>("n")?, 16);
+    Ok(())
+}
