@@ -247,3 +247,37 @@ async fn a_commit_wakes_an_idle_relay_without_waiting_for_its_poll() -> anyhow::
     assert!(started.elapsed() < Duration::from_secs(10), "woken after {:?}", started.elapsed());
     relay.stop().await
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_the_broker_does_not_have_is_not_a_success() -> anyhow::Result<()> {
+    // The real broker: it does not create topics on demand (the mock does).
+    let test_db = herald_testkit::postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let brokers = herald_testkit::real_broker()?;
+    let event = relay_support::event_for("missing", &herald_testkit::unique("no-such-topic"));
+    let mut tx = db.begin().await?;
+    outbox::append(&mut tx, &event).await?;
+    tx.commit().await?;
+    let config = RelayConfig {
+        max_attempts: 1,
+        // Give up on the topic after 1 s instead of librdkafka's 30 s.
+        producer: vec![("topic.metadata.propagation.max.ms".into(), "1000".into())],
+        ..config("missing-topic")
+    };
+    let relay = herald_relay::Relay::new(db.clone(), &brokers, config)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    let status = || async {
+        let row = sqlx::query("SELECT status, last_error FROM outbox WHERE event_id = $1").bind(&event.id).fetch_one(db.pool()).await?;
+        anyhow::Ok((sqlx::Row::try_get::<String, _>(&row, "status")?, sqlx::Row::try_get::<Option<String>, _>(&row, "last_error")?))
+    };
+    wait_until("dead-lettered", || async { Ok(status().await?.0 == outbox::DEAD_LETTERED) }).await?;
+    stop.cancel();
+    task.await?;
+    let (_, error) = status().await?;
+    assert!(error.as_deref().is_some_and(|e| e.contains("Unknown topic") || e.contains("UnknownTopic")), "{error:?}");
+    Ok(())
+}

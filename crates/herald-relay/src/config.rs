@@ -26,6 +26,10 @@ pub struct RelayConfig {
     pub drain: Duration,
     /// Name of this relay in claims (`claim_owner`); tokens tell restarts apart.
     pub owner: String,
+    /// Extra librdkafka producer settings, applied over Herald's (e.g.
+    /// `topic.metadata.propagation.max.ms`). The delivery promises
+    /// (`enable.idempotence`, `acks`) are not meant to be changed here.
+    pub producer: Vec<(String, String)>,
     /// Fault-injection points (tests).
     pub probes: Probes,
 }
@@ -43,6 +47,7 @@ impl Default for RelayConfig {
             idle_min: Duration::from_millis(10),
             drain: Duration::from_secs(10),
             owner: default_owner(),
+            producer: Vec::new(),
             probes: Probes::default(),
         }
     }

@@ -37,14 +37,18 @@ pub fn producer_config(brokers: &str) -> ClientConfig {
 /// idempotent producer that lost track of its sequence numbers refuses
 /// every further record).
 pub(crate) struct Publisher {
-    brokers: String,
+    config: ClientConfig,
     producer: Mutex<Arc<FutureProducer>>,
 }
 
 impl Publisher {
-    pub(crate) fn new(brokers: &str) -> Result<Publisher, KafkaError> {
-        let producer = producer_config(brokers).create()?;
-        Ok(Publisher { brokers: brokers.to_owned(), producer: Mutex::new(Arc::new(producer)) })
+    pub(crate) fn new(brokers: &str, overrides: &[(String, String)]) -> Result<Publisher, KafkaError> {
+        let mut config = producer_config(brokers);
+        for (key, value) in overrides {
+            config.set(key, value);
+        }
+        let producer = config.create()?;
+        Ok(Publisher { config, producer: Mutex::new(Arc::new(producer)) })
     }
 
     fn current(&self) -> Arc<FutureProducer> {
@@ -69,7 +73,7 @@ impl Publisher {
             return;
         }
         error!("kafka producer failed fatally; replacing it");
-        match producer_config(&self.brokers).create::<FutureProducer>() {
+        match self.config.create::<FutureProducer>() {
             Ok(fresh) => *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh),
             Err(e) => error!(error = %e, "cannot create a new producer; retrying with the next batch"),
         }

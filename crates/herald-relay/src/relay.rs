@@ -36,7 +36,7 @@ struct Held {
 
 impl Relay {
     pub fn new(db: Db, brokers: &str, config: RelayConfig) -> Result<Relay, RelayError> {
-        let publisher = Publisher::new(brokers).map_err(RelayError::Producer)?;
+        let publisher = Publisher::new(brokers, &config.producer).map_err(RelayError::Producer)?;
         let (wake, _) = watch::channel(0);
         let shared = Shared { db, publisher, config, stats: Arc::default(), wake };
         Ok(Relay { shared: Arc::new(shared) })

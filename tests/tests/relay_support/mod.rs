@@ -66,19 +66,24 @@ impl Running {
     }
 }
 
+/// A test event for `key` on `topic`.
+pub fn event_for(key: &str, topic: &str) -> OutboxEvent {
+    OutboxEvent {
+        id: uuid::Uuid::now_v7().to_string(),
+        source: "/herald/tests".to_owned(),
+        event_type: "herald.test.event".to_owned(),
+        subject: key.to_owned(),
+        time: Utc::now(),
+        schema_file: "test.avsc".to_owned(),
+        data: b"payload".to_vec(),
+        topic: topic.to_owned(),
+        partition_key: key.to_owned(),
+    }
+}
+
 impl Bench {
     pub fn event(&self, key: &str, data: &[u8]) -> OutboxEvent {
-        OutboxEvent {
-            id: uuid::Uuid::now_v7().to_string(),
-            source: "/herald/tests".to_owned(),
-            event_type: "herald.test.event".to_owned(),
-            subject: key.to_owned(),
-            time: Utc::now(),
-            schema_file: "test.avsc".to_owned(),
-            data: data.to_vec(),
-            topic: self.topic.clone(),
-            partition_key: key.to_owned(),
-        }
+        OutboxEvent { data: data.to_vec(), ..event_for(key, &self.topic) }
     }
 
     /// Appends one event per key, each in its own committed transaction;
