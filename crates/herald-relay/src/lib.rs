@@ -1,14 +1,35 @@
 //! The relay: committed outbox rows → Kafka, as CloudEvents in binary mode.
 //!
-//! The order of operations is the whole point: read committed rows, publish,
-//! wait for the broker's acknowledgement (idempotent producer, `acks=all`),
-//! and only then mark the rows delivered. A crash between the ack and the mark
-//! republishes the row with the same CloudEvents id — at-least-once toward
-//! Kafka, deduplicated downstream by each subscription's inbox. Marking before
-//! publishing would turn that window into silent loss, so it is never done.
+//! The order of operations is the whole point: claim a slice of the key
+//! space, read its committed rows forward, publish them, wait for the
+//! broker's acknowledgement of each (idempotent producer, `acks=all`), and
+//! only then record progress — in one transaction that first checks the
+//! claim's token, so a relay whose lease expired writes nothing. A crash
+//! between the ack and the progress write republishes the rows with the same
+//! CloudEvents ids: at-least-once toward Kafka, deduplicated downstream by
+//! each subscription's inbox. Marking before publishing would turn that
+//! window into silent loss, so it is never done.
+//!
+//! - `relay`: the process — membership, claims, lease renewal, rebalancing.
+//! - `slice`: one claimed slice — read, publish, settle, record (fenced).
+//! - `publish`: the producer and its settings; `error`: what failed and how
+//!   it is handled (retryable or permanent).
+//! - `wake`: PostgreSQL LISTEN/NOTIFY; `probe`: fault-injection points.
+//!
+//! Claims, cursors and the fence are SQL, in `herald_store::relay`.
 
+mod config;
 mod error;
+mod probe;
+mod publish;
 mod relay;
+mod slice;
+mod stats;
+mod wake;
 
-pub use error::RelayError;
-pub use relay::{Relay, RelayConfig};
+pub use config::RelayConfig;
+pub use error::{Class, PublishError, RelayError, classify};
+pub use probe::{NoProbe, Probe, ProbeAction, Probes};
+pub use publish::producer_config;
+pub use relay::Relay;
+pub use stats::RelayStats;

@@ -1,103 +1,139 @@
-use std::time::Duration;
+//! The relay process: holds its share of slices, renews their leases, and
+//! runs one task per held slice (`slice.rs`).
 
-use cloudevents::binding::rdkafka::FutureRecordExt;
-use futures::future::join_all;
-use herald_store::{Db, outbox};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use herald_store::Db;
+use herald_store::relay::{self as store, SLICES};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
-use crate::RelayError;
+use crate::publish::Publisher;
+use crate::slice::{self, End};
+use crate::{RelayConfig, RelayError, RelayStats, wake};
 
-#[derive(Debug, Clone)]
-pub struct RelayConfig {
-    /// Rows read and published per pass.
-    pub batch_size: i64,
-    /// Wait after a pass that found nothing to publish.
-    pub idle_wait: Duration,
-}
-
-impl Default for RelayConfig {
-    fn default() -> Self {
-        RelayConfig { batch_size: 500, idle_wait: Duration::from_millis(50) }
-    }
+/// What every slice task of one relay shares.
+pub(crate) struct Shared {
+    pub db: Db,
+    pub publisher: Publisher,
+    pub config: RelayConfig,
+    pub stats: Arc<RelayStats>,
+    pub wake: watch::Sender<u64>,
 }
 
 pub struct Relay {
-    db: Db,
-    producer: FutureProducer,
-    config: RelayConfig,
+    shared: Arc<Shared>,
+}
+
+/// A slice this relay holds.
+struct Held {
+    token: String,
+    stop: CancellationToken,
 }
 
 impl Relay {
     pub fn new(db: Db, brokers: &str, config: RelayConfig) -> Result<Relay, RelayError> {
-        let producer = herald_kafka::producer_config(brokers)
-            .create()
-            .map_err(RelayError::Producer)?;
-        Ok(Relay { db, producer, config })
+        let publisher = Publisher::new(brokers, &config.producer).map_err(RelayError::Producer)?;
+        let (wake, _) = watch::channel(0);
+        let shared = Shared { db, publisher, config, stats: Arc::default(), wake };
+        Ok(Relay { shared: Arc::new(shared) })
     }
 
-    /// Publishes until `shutdown`; a pass in flight finishes first, so no
-    /// acknowledged row is left unmarked by a clean stop.
+    /// Counters of this relay.
+    pub fn stats(&self) -> Arc<RelayStats> {
+        self.shared.stats.clone()
+    }
+
+    /// Relays until `shutdown`, then drains: every slice finishes (or, after
+    /// the drain time, abandons) its batch in flight and gives its claim back.
     pub async fn run(&self, shutdown: CancellationToken) {
-        info!(batch = self.config.batch_size, "relay started");
-        while !shutdown.is_cancelled() {
-            let wait = match self.publish_once().await {
-                Ok(0) => self.config.idle_wait,
-                Ok(_) => Duration::ZERO,
-                Err(e) => {
-                    warn!(error = %e, "relay pass failed; retrying");
-                    self.config.idle_wait * 10
-                }
-            };
-            if !wait.is_zero() {
-                tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = tokio::time::sleep(wait) => {}
+        let config = &self.shared.config;
+        info!(owner = %config.owner, batch = config.batch_size, lease_ms = config.lease_ms(), "relay started");
+        let listener = tokio::spawn(wake::listen(self.shared.db.clone(), self.shared.wake.clone(), self.shared.stats.clone(), shutdown.child_token()));
+        let mut held: HashMap<i32, Held> = HashMap::new();
+        let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
+        let mut tick = tokio::time::interval(config.renew_every);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => self.maintain(&mut held, &mut tasks).await,
+                Some(joined) = tasks.join_next() => {
+                    match joined {
+                        Ok((slice, token, end)) => {
+                            // Only if it is still this claim: the slice may have been claimed anew.
+                            if held.get(&slice).is_some_and(|h| h.token == token) {
+                                held.remove(&slice);
+                            }
+                            if end == End::Lost {
+                                warn!(slice, "slice lost to another relay");
+                            }
+                        }
+                        Err(e) => warn!(error = %e, "slice task panicked"),
+                    }
                 }
             }
         }
+        for h in held.values() {
+            h.stop.cancel();
+        }
+        while tasks.join_next().await.is_some() {}
+        if let Err(e) = store::leave(&self.shared.db, &config.owner).await {
+            warn!(error = %e, "could not leave the relay membership");
+        }
+        let _ = listener.await;
         info!("relay stopped");
     }
 
-    /// One pass: publish the oldest pending rows, mark those the broker
-    /// acknowledged. Returns how many were delivered.
-    pub async fn publish_once(&self) -> Result<usize, RelayError> {
-        let rows = outbox::pending(&self.db, self.config.batch_size).await?;
-        if rows.is_empty() {
-            return Ok(0);
-        }
-        let deliveries = rows.iter().map(|row| self.publish(row));
-        let outcomes = join_all(deliveries).await;
-        let mut delivered = Vec::with_capacity(rows.len());
-        for (row, outcome) in rows.iter().zip(outcomes) {
-            match outcome {
-                Ok(()) => delivered.push(row.seq),
-                Err(error) => {
-                    warn!(seq = row.seq, event_id = %row.event.id, %error, "publish failed; row stays pending");
-                    outbox::record_failure(&self.db, row.seq, &error).await?;
+    /// Renews held leases, stops slices whose lease is gone, and takes or
+    /// gives back slices so that each live relay holds about its share.
+    async fn maintain(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, String, End)>) {
+        let (db, config) = (&self.shared.db, &self.shared.config);
+        let tokens: Vec<String> = held.values().map(|h| h.token.clone()).collect();
+        match store::renew(db, &tokens, config.lease_ms()).await {
+            Ok(kept) => {
+                for h in held.values().filter(|h| !kept.contains(&h.token)) {
+                    h.stop.cancel();
                 }
             }
+            Err(e) => warn!(error = %e, "renewing leases failed"),
         }
-        outbox::mark_delivered(&self.db, &delivered).await?;
-        debug!(delivered = delivered.len(), "relay pass");
-        Ok(delivered.len())
-    }
-
-    /// Sends one row and waits for the broker's verdict on it.
-    async fn publish(&self, row: &outbox::OutboxRow) -> Result<(), String> {
-        let message = row.event.to_kafka_record().map_err(|e| e.to_string())?;
-        let record = FutureRecord::to(&row.event.topic)
-            .key(row.event.partition_key.as_str())
-            .message_record(&message);
-        let delivery = self
-            .producer
-            .send_result(record)
-            .map_err(|(e, _)| e.to_string())?;
-        match delivery.await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(e.to_string()),
-            Err(_) => Err("producer dropped the delivery report".to_owned()),
+        let members = match store::heartbeat(db, &config.owner, config.lease_ms()).await {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "relay heartbeat failed");
+                return;
+            }
+        };
+        let share = (i64::from(SLICES) + members - 1) / members;
+        let active = held.values().filter(|h| !h.stop.is_cancelled()).count() as i64;
+        if active > share {
+            let mut mine: Vec<i32> = held.iter().filter(|(_, h)| !h.stop.is_cancelled()).map(|(s, _)| *s).collect();
+            mine.sort_unstable();
+            for slice in mine.iter().rev().take((active - share) as usize) {
+                info!(slice, share, "giving a slice back to rebalance");
+                held[slice].stop.cancel();
+            }
+            return;
+        }
+        match store::claim(db, &config.owner, config.lease_ms(), share - active).await {
+            Ok(claims) => {
+                for claim in claims {
+                    info!(slice = claim.slice, attempt = claim.attempt_count, "slice claimed");
+                    RelayStats::add(&self.shared.stats.claims, 1);
+                    let stop = CancellationToken::new();
+                    let fresh = Held { token: claim.token.clone(), stop: stop.clone() };
+                    if let Some(old) = held.insert(claim.slice, fresh) {
+                        // An earlier claim of ours expired and its task still drains.
+                        old.stop.cancel();
+                    }
+                    let (shared, slice, token) = (self.shared.clone(), claim.slice, claim.token.clone());
+                    tasks.spawn(async move { (slice, token, slice::run(shared, claim, stop).await) });
+                }
+            }
+            Err(e) => warn!(error = %e, "claiming slices failed"),
         }
     }
 }

@@ -18,6 +18,7 @@ pub enum Backend {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
+    url: String,
 }
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -48,7 +49,7 @@ impl Db {
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)
         .await?;
-        Ok(Db { pool, backend })
+        Ok(Db { pool, backend, url: url.to_owned() })
     }
 
     /// Connects and applies every pending migration of the backend.
@@ -75,6 +76,22 @@ impl Db {
 
     pub fn backend(&self) -> Backend {
         self.backend
+    }
+
+    /// The URL this pool was opened with, for a dedicated connection such as
+    /// a PostgreSQL `LISTEN`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// SQL for "now" in epoch milliseconds by the *database's* clock. Leases
+    /// compare against it, so relays on hosts whose clocks disagree still
+    /// agree on when a lease expired.
+    pub fn now_sql(&self) -> &'static str {
+        match self.backend {
+            Backend::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+            Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        }
     }
 
     pub async fn begin(&self) -> Result<crate::Tx<'static>, StoreError> {

@@ -12,6 +12,7 @@ mod db;
 mod error;
 pub mod inbox;
 pub mod outbox;
+pub mod relay;
 
 pub use db::{Backend, Db, now_ms};
 pub use error::StoreError;

@@ -1,5 +1,8 @@
 //! The transactional outbox: rows written in the business transaction, read
 //! and marked by the relay only after the broker acknowledged them.
+//!
+//! A row's `status` says what became of it; who may act on it is a separate
+//! matter, decided by the claim on its slice (see [`crate::relay`]).
 
 use chrono::{DateTime, Utc};
 use herald_envelope::OutboxEvent;
@@ -10,13 +13,30 @@ use crate::{Db, StoreError, Tx, now_ms};
 
 /// Row states. `pending` rows are what the relay still owes the broker.
 pub const PENDING: &str = "pending";
+/// The broker acknowledged the record (`acks=all`); written only after that.
 pub const DELIVERED: &str = "delivered";
+/// The last publish failed with an error worth retrying; tried again after
+/// `next_attempt_at_ms`, and in the meantime it holds back its slice.
+pub const RETRYABLE_FAILED: &str = "retryable_failed";
+/// The broker or the client rejected the record for good (too large,
+/// invalid): not retried, set aside until an operator redrives it.
+pub const FAILED: &str = "failed";
+/// Retryable failures went on for the configured number of attempts: set
+/// aside until an operator redrives it.
+pub const DEAD_LETTERED: &str = "dead_lettered";
+/// Every status, for validating operator input.
+pub const STATUSES: [&str; 5] = [PENDING, DELIVERED, RETRYABLE_FAILED, FAILED, DEAD_LETTERED];
 
 /// A committed outbox row as the relay sees it.
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
     pub seq: i64,
     pub attempts: i32,
+    /// Set while the row waits out a retry backoff.
+    pub next_attempt_at_ms: Option<i64>,
+    /// Id of the transaction that wrote it (PostgreSQL, as read by the
+    /// relay; 0 otherwise): with `seq`, its place in a relay step.
+    pub xid: i64,
     pub event: OutboxEvent,
 }
 
@@ -24,8 +44,8 @@ pub struct OutboxRow {
 pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
-         data, topic, partition_key, status, created_at_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING seq",
+         data, topic, partition_key, status, created_at_ms, slice) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING seq",
     )
     .bind(&event.id)
     .bind(&event.source)
@@ -38,29 +58,23 @@ pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreEr
     .bind(&event.partition_key)
     .bind(PENDING)
     .bind(now_ms())
+    .bind(crate::relay::slice_of(&event.partition_key))
     .fetch_one(&mut **tx)
     .await?;
     Ok(row.try_get("seq")?)
 }
 
-/// The oldest pending rows, in commit-sequence order.
-pub async fn pending(db: &Db, limit: i64) -> Result<Vec<OutboxRow>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT seq, attempts, event_id, source, event_type, subject, event_time_ms, schema_file, \
-         data, topic, partition_key FROM outbox WHERE status = $1 ORDER BY seq LIMIT $2",
-    )
-    .bind(PENDING)
-    .bind(limit)
-    .fetch_all(db.pool())
-    .await?;
-    rows.iter().map(row_to_outbox).collect()
-}
+/// Columns [`row_to_outbox`] reads.
+pub(crate) const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
+     subject, event_time_ms, schema_file, data, topic, partition_key";
 
-fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
+pub(crate) fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
     let time_ms: i64 = row.try_get("event_time_ms")?;
     Ok(OutboxRow {
         seq: row.try_get("seq")?,
         attempts: row.try_get("attempts")?,
+        next_attempt_at_ms: row.try_get("next_attempt_at_ms")?,
+        xid: row.try_get("row_xid").unwrap_or(0),
         event: OutboxEvent {
             id: row.try_get("event_id")?,
             source: row.try_get("source")?,
@@ -73,35 +87,6 @@ fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
             partition_key: row.try_get("partition_key")?,
         },
     })
-}
-
-/// Marks rows delivered. Call only with rows whose delivery the broker
-/// acknowledged; a row not still pending is left as it is.
-pub async fn mark_delivered(db: &Db, seqs: &[i64]) -> Result<u64, StoreError> {
-    if seqs.is_empty() {
-        return Ok(0);
-    }
-    let sql = format!(
-        "UPDATE outbox SET status = $1, delivered_at_ms = $2, attempts = attempts + 1 \
-         WHERE status = $3 AND seq IN ({})",
-        placeholders(4, seqs.len())
-    );
-    let mut query = sqlx::query(&sql).bind(DELIVERED).bind(now_ms()).bind(PENDING);
-    for seq in seqs {
-        query = query.bind(*seq);
-    }
-    Ok(query.execute(db.pool()).await?.rows_affected())
-}
-
-/// Records a failed publish; the row stays pending for the next pass.
-pub async fn record_failure(db: &Db, seq: i64, error: &str) -> Result<(), StoreError> {
-    sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = $1 WHERE seq = $2 AND status = $3")
-        .bind(error)
-        .bind(seq)
-        .bind(PENDING)
-        .execute(db.pool())
-        .await?;
-    Ok(())
 }
 
 /// Rows per status, for reports and tests.
@@ -119,4 +104,145 @@ pub fn placeholders(start: usize, count: usize) -> String {
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// One row as an operator lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub seq: i64,
+    pub source: String,
+    pub event_id: String,
+    pub event_type: String,
+    pub topic: String,
+    pub partition_key: String,
+    pub status: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at_ms: i64,
+    pub next_attempt_at_ms: Option<i64>,
+}
+
+/// Rows in `status`, oldest first. Not indexed on purpose (an index on the
+/// status would cost every relay write more than this costs an operator).
+pub async fn list(db: &Db, status: &str, limit: i64) -> Result<Vec<Listed>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT seq, source, event_id, event_type, topic, partition_key, status, attempts, last_error, \
+         created_at_ms, next_attempt_at_ms FROM outbox WHERE status = $1 ORDER BY seq LIMIT $2",
+    )
+    .bind(status)
+    .bind(limit)
+    .fetch_all(db.pool())
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Listed {
+                seq: r.try_get("seq")?,
+                source: r.try_get("source")?,
+                event_id: r.try_get("event_id")?,
+                event_type: r.try_get("event_type")?,
+                topic: r.try_get("topic")?,
+                partition_key: r.try_get("partition_key")?,
+                status: r.try_get("status")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                created_at_ms: r.try_get("created_at_ms")?,
+                next_attempt_at_ms: r.try_get("next_attempt_at_ms")?,
+            })
+        })
+        .collect()
+}
+
+/// Statuses an operator may redrive: rows the relay set aside.
+pub const REDRIVABLE: [&str; 2] = [FAILED, DEAD_LETTERED];
+
+/// Puts set-aside rows (`failed`, `dead_lettered`) back in line: each is
+/// re-appended as a new `pending` row with the same event (same CloudEvents
+/// `source` and `id`) and the old row is removed, in one transaction.
+///
+/// Re-appending rather than resetting the status is what makes the relay see
+/// it: relays read forward, and a redriven row is, for ordering, a fact
+/// committed now — it is published after what its key published meanwhile.
+/// Returns `(old seq, new seq)` pairs; rows not set aside are left alone.
+pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreError> {
+    let mut tx = db.begin().await?;
+    let mut moved = Vec::new();
+    for &seq in seqs {
+        let old = sqlx::query(&format!(
+            "DELETE FROM outbox WHERE seq = $1 AND status IN ($2, $3) RETURNING {ROW_COLUMNS}, last_error, slice"
+        ))
+        .bind(seq)
+        .bind(FAILED)
+        .bind(DEAD_LETTERED)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(old) = old else { continue };
+        let row = row_to_outbox(&old)?;
+        let last_error: Option<String> = old.try_get("last_error")?;
+        let new = sqlx::query(
+            "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
+             data, topic, partition_key, status, created_at_ms, slice, attempts, last_error) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13) RETURNING seq",
+        )
+        .bind(&row.event.id)
+        .bind(&row.event.source)
+        .bind(&row.event.event_type)
+        .bind(&row.event.subject)
+        .bind(row.event.time.timestamp_millis())
+        .bind(&row.event.schema_file)
+        .bind(&row.event.data)
+        .bind(&row.event.topic)
+        .bind(&row.event.partition_key)
+        .bind(PENDING)
+        .bind(now_ms())
+        .bind(old.try_get::<i32, _>("slice")?)
+        .bind(last_error.map(|e| format!("redriven; before: {e}")))
+        .fetch_one(&mut *tx)
+        .await?;
+        moved.push((seq, new.try_get("seq")?));
+    }
+    tx.commit().await?;
+    Ok(moved)
+}
+
+/// Sequences of every row in `status`, oldest first (for redriving a status).
+pub async fn seqs_with_status(db: &Db, status: &str) -> Result<Vec<i64>, StoreError> {
+    let rows = sqlx::query("SELECT seq FROM outbox WHERE status = $1 ORDER BY seq")
+        .bind(status)
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter().map(|r| Ok(r.try_get("seq")?)).collect()
+}
+
+/// Appends many events inside the caller's transaction, several rows per
+/// statement (bulk writers, benchmarks). Same rows as [`append`].
+pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), StoreError> {
+    const COLUMNS: usize = 12;
+    for chunk in events.chunks(400) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| format!("({})", placeholders(1 + i * COLUMNS, COLUMNS)))
+            .collect();
+        let sql = format!(
+            "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
+             data, topic, partition_key, status, created_at_ms, slice) VALUES {}",
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for event in chunk {
+            query = query
+                .bind(&event.id)
+                .bind(&event.source)
+                .bind(&event.event_type)
+                .bind(&event.subject)
+                .bind(event.time.timestamp_millis())
+                .bind(&event.schema_file)
+                .bind(&event.data)
+                .bind(&event.topic)
+                .bind(&event.partition_key)
+                .bind(PENDING)
+                .bind(now_ms())
+                .bind(crate::relay::slice_of(&event.partition_key));
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }

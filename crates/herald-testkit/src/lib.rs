@@ -15,6 +15,7 @@
 //! a skipped test looks like a passing one.
 
 mod db;
+pub mod kafka;
 mod sync;
 
 pub use db::{TestDb, postgres_db, sqlite_db};

@@ -2,7 +2,7 @@
 
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
-use herald::{config, demo, pipeline};
+use herald::{bench, cmd_outbox, cmd_relay, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -41,6 +41,12 @@ enum Command {
         #[command(flatten)]
         lifecycle: LifecycleArgs,
     },
+    /// Run the relay alone (outbox → Kafka); any number of instances.
+    Relay(cmd_relay::RelayArgs),
+    /// Inspect the outbox and redrive rows the relay set aside.
+    Outbox(cmd_outbox::OutboxArgs),
+    /// Measure Herald against baselines.
+    Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// Database URL (postgres://… or sqlite://…).
@@ -60,7 +66,7 @@ fn main() -> ExitCode {
         }
     };
     // The demo's output is its report; roles that run for long log progress.
-    let default_filter = if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" };
+    let default_filter = if matches!(cli.command, Command::Demo(_) | Command::Bench(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)))
         .with_writer(std::io::stderr)
@@ -89,6 +95,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let roles = Roles { api: None, relay: false, worker: true, search: false };
             serve(backends, roles, &lifecycle).await
         }
+        Command::Relay(args) => cmd_relay::run(args).await,
+        Command::Outbox(args) => cmd_outbox::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;
             println!("migrations applied to {database}");

@@ -1,0 +1,79 @@
+use std::time::Duration;
+
+use crate::Probes;
+
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Rows read, published and recorded per batch of one slice.
+    pub batch_size: i64,
+    /// Lease length; a relay that neither renews nor records progress for
+    /// this long loses its slices to another relay.
+    pub lease: Duration,
+    /// How often held leases are renewed and slices rebalanced.
+    pub renew_every: Duration,
+    /// Publishing attempts of a row before it is dead-lettered.
+    pub max_attempts: i32,
+    /// First retry delay; doubles per attempt up to `backoff_max`, ±50 % jitter.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// Longest wait between reads of an idle slice. PostgreSQL wakes relays
+    /// with NOTIFY, so this is only the fallback; SQLite polls, starting at
+    /// `idle_min` and doubling up to this.
+    pub idle_max: Duration,
+    pub idle_min: Duration,
+    /// How long a stopping relay waits for acknowledgements in flight before
+    /// it gives up on recording them (they are published again later).
+    pub drain: Duration,
+    /// Name of this relay in claims (`claim_owner`); tokens tell restarts apart.
+    pub owner: String,
+    /// Extra librdkafka producer settings, applied over Herald's (e.g.
+    /// `topic.metadata.propagation.max.ms`). The delivery promises
+    /// (`enable.idempotence`, `acks`) are not meant to be changed here.
+    pub producer: Vec<(String, String)>,
+    /// Fault-injection points (tests).
+    pub probes: Probes,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch_size: 1000,
+            lease: Duration::from_secs(15),
+            renew_every: Duration::from_secs(5),
+            max_attempts: 10,
+            backoff_base: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            idle_max: Duration::from_millis(500),
+            idle_min: Duration::from_millis(10),
+            drain: Duration::from_secs(10),
+            owner: default_owner(),
+            producer: Vec::new(),
+            probes: Probes::default(),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// A config with `lease` and renewal at a third of it.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self.renew_every = lease / 3;
+        self
+    }
+
+    pub(crate) fn lease_ms(&self) -> i64 {
+        i64::try_from(self.lease.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// Delay before attempt `attempts + 1`, with jitter so relays that failed
+    /// together do not retry together.
+    pub(crate) fn backoff(&self, attempts: i32) -> Duration {
+        let exp = self.backoff_base.saturating_mul(1u32 << attempts.clamp(0, 16) as u32);
+        exp.min(self.backoff_max).mul_f64(0.5 + fastrand::f64())
+    }
+}
+
+fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "relay".to_owned());
+    format!("{host}-{}", std::process::id())
+}

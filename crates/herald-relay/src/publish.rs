@@ -1,0 +1,110 @@
+//! Handing rows to the idempotent producer and collecting the broker's
+//! verdict on each.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cloudevents::binding::rdkafka::FutureRecordExt;
+use futures::future::{BoxFuture, FutureExt};
+use herald_store::outbox::OutboxRow;
+use rdkafka::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use tracing::error;
+
+use crate::PublishError;
+
+/// The relay's producer settings: Herald's shared ones (idempotent,
+/// `acks=all`) with no message timeout.
+///
+/// Why no timeout: a message that times out in librdkafka's queue leaves a
+/// gap — later records of the same partition may still reach the broker —
+/// and republishing the timed-out row afterwards would put it behind its
+/// successors. Without a timeout an unreachable broker keeps rows in flight
+/// (the relay keeps renewing its lease) and they go out in order when it
+/// returns; a relay that stops gives up on them and they are republished.
+pub fn producer_config(brokers: &str) -> ClientConfig {
+    let mut config = herald_kafka::producer_config(brokers);
+    config
+        .set("message.timeout.ms", "0")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576");
+    config
+}
+
+/// The producer, replaced when librdkafka reports it fatally broken (an
+/// idempotent producer that lost track of its sequence numbers refuses
+/// every further record).
+pub(crate) struct Publisher {
+    config: ClientConfig,
+    producer: Mutex<Arc<FutureProducer>>,
+}
+
+impl Publisher {
+    pub(crate) fn new(brokers: &str, overrides: &[(String, String)]) -> Result<Publisher, KafkaError> {
+        let mut config = producer_config(brokers);
+        for (key, value) in overrides {
+            config.set(key, value);
+        }
+        let producer = config.create()?;
+        Ok(Publisher { config, producer: Mutex::new(Arc::new(producer)) })
+    }
+
+    fn current(&self) -> Arc<FutureProducer> {
+        self.producer.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Sends `rows` in order and returns one future per row resolving to the
+    /// broker's verdict. Sending in order is what keeps a key's records in
+    /// order: the idempotent producer never reorders within a partition.
+    pub(crate) async fn send_all(&self, rows: &[OutboxRow]) -> Vec<BoxFuture<'static, Result<(), PublishError>>> {
+        let producer = self.current();
+        let mut verdicts = Vec::with_capacity(rows.len());
+        for row in rows {
+            verdicts.push(send(&producer, row).await);
+        }
+        verdicts
+    }
+
+    /// Called with a batch's verdicts: replaces a fatally failed producer.
+    pub(crate) fn check_fatal(&self, verdicts: &[Result<(), PublishError>]) {
+        if !verdicts.iter().any(|v| v.as_ref().is_err_and(|e| e.fatal)) {
+            return;
+        }
+        error!("kafka producer failed fatally; replacing it");
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh),
+            Err(e) => error!(error = %e, "cannot create a new producer; retrying with the next batch"),
+        }
+    }
+}
+
+async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, Result<(), PublishError>> {
+    let message = match row.event.to_kafka_record() {
+        Ok(message) => message,
+        Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
+    };
+    loop {
+        let record = FutureRecord::to(&row.event.topic)
+            .key(row.event.partition_key.as_str())
+            .message_record(&message);
+        match producer.send_result(record) {
+            Ok(delivery) => {
+                return async move {
+                    match delivery.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(PublishError::from_kafka(&e)),
+                        Err(_) => Err(PublishError::retryable("producer dropped the delivery report")),
+                    }
+                }
+                .boxed();
+            }
+            // Backpressure from librdkafka's queue: wait for it to drain.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((e, _)) => return futures::future::ready(Err(PublishError::from_kafka(&e))).boxed(),
+        }
+    }
+}

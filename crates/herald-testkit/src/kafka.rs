@@ -1,0 +1,70 @@
+//! Reading back everything a topic holds, to check what a relay published.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+/// One record as the tests look at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: String,
+    /// The CloudEvents `id` header (binary content mode).
+    pub ce_id: String,
+}
+
+/// Every record of `topic` up to the high watermarks at the time of the
+/// call, per partition in offset order (partitions one after the other).
+pub fn read_all(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<Vec<Record>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", crate::unique("herald-testkit-reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .context("creating a reader")?;
+    let mut records = Vec::new();
+    for partition in 0..partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))
+            .with_context(|| format!("watermarks of {topic}/{partition}"))?;
+        if high == 0 {
+            continue;
+        }
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition_offset(topic, partition, Offset::Beginning)?;
+        consumer.assign(&assignment)?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut next = 0;
+        while next < high {
+            anyhow::ensure!(Instant::now() < deadline, "{topic}/{partition}: read {next} of {high} records");
+            let Some(message) = consumer.poll(Duration::from_millis(200)) else { continue };
+            let message = message?;
+            next = message.offset() + 1;
+            let ce_id = message
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "ce_id").and_then(|h| h.value))
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
+            records.push(Record { partition, offset: message.offset(), key, ce_id });
+        }
+    }
+    Ok(records)
+}
+
+/// The first occurrence of each id, per key, in the order the topic holds
+/// them: what an inbox-deduplicating consumer applies.
+pub fn first_occurrences_by_key(records: &[Record]) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut by_key: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for r in records {
+        if seen.insert(r.ce_id.clone()) {
+            by_key.entry(r.key.clone()).or_default().push(r.ce_id.clone());
+        }
+    }
+    by_key
+}

@@ -1,0 +1,256 @@
+//! `herald bench relay`: events per second from an outbox on PostgreSQL to
+//! the in-process mock cluster (so the broker is not the bottleneck), for
+//!
+//! 1. a raw rdkafka producer sending the same records (the ceiling),
+//! 2. a naive relay: select one row, publish, await the ack, update, repeat,
+//! 3. Herald's relay, progress recorded.
+//!
+//! Each runs against a fresh temporary database created on the server named
+//! by `--database`, dropped afterwards.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Args;
+use cloudevents::binding::rdkafka::FutureRecordExt;
+use herald_envelope::OutboxEvent;
+use herald_kafka::EmbeddedKafka;
+use herald_relay::{Relay, RelayConfig, RelayStats};
+use herald_store::{Backend, Db, outbox};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::json;
+use sqlx::{Connection, Executor, Row};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Clone, Args)]
+pub struct RelayBenchArgs {
+    /// Events for the raw producer and Herald's relay.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1000..=10_000_000))]
+    events: u64,
+    /// Events for the naive relay (it is slow; its rate does not depend on the count).
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
+    naive_events: u64,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
+    partitions: i32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A PostgreSQL server (any database on it); the benchmark creates and
+    /// drops its own databases there.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    database: Option<String>,
+}
+
+const TOPIC: &str = "bench.events";
+const KEYS: u64 = 1000;
+
+pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(server) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
+        eprintln!("error: `herald bench relay` needs --database postgres://… (or HERALD_DATABASE_URL): it measures the relay from PostgreSQL");
+        return Ok(ExitCode::from(2));
+    };
+    let kafka = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
+    let brokers = kafka.bootstrap_servers().to_owned();
+
+    let raw = raw_producer(&brokers, &events(args.events)?).await?;
+    let naive_db = TempDb::create(&server).await?;
+    let naive = naive_relay(&naive_db.db, &brokers, &events(args.naive_events)?).await?;
+    naive_db.drop_it(&server).await;
+    let herald_db = TempDb::create(&server).await?;
+    let herald = herald_relay(&herald_db.db, &brokers, &events(args.events)?).await?;
+    herald_db.drop_it(&server).await;
+
+    report(&args, raw, naive, herald)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Events of about 200 bytes of data over `KEYS` keys, as in the design
+/// brief's database measurements.
+fn events(n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
+    let data = vec![b'x'; 200];
+    Ok((0..n)
+        .map(|i| {
+            let key = format!("bench-key-{}", i % KEYS);
+            OutboxEvent {
+                id: uuid::Uuid::now_v7().to_string(),
+                source: "/herald/bench".to_owned(),
+                event_type: "herald.bench.event".to_owned(),
+                subject: key.clone(),
+                time: Utc::now(),
+                schema_file: "bench.avsc".to_owned(),
+                data: data.clone(),
+                topic: TOPIC.to_owned(),
+                partition_key: key,
+            }
+        })
+        .collect())
+}
+
+/// A measured run: events and seconds.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    events: u64,
+    secs: f64,
+    /// Herald's relay only: share of its slices' time spent reading,
+    /// awaiting the broker and recording progress.
+    split: Option<[f64; 3]>,
+}
+
+impl Run {
+    fn eps(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+}
+
+async fn raw_producer(brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+    let producer: FutureProducer = herald_relay::producer_config(brokers).create()?;
+    let started = Instant::now();
+    let mut deliveries = Vec::with_capacity(events.len());
+    for event in events {
+        let message = event.to_kafka_record()?;
+        let record = FutureRecord::to(TOPIC).key(event.partition_key.as_str()).message_record(&message);
+        deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for delivery in deliveries {
+        delivery.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
+    }
+    Ok(Run { events: events.len() as u64, secs: started.elapsed().as_secs_f64(), split: None })
+}
+
+/// Select one row, publish it, await the ack, mark it, repeat. Its producer
+/// does not linger (waiting to fill batches only slows a one-at-a-time loop).
+async fn naive_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+    insert(db, events).await?;
+    let mut config = herald_relay::producer_config(brokers);
+    config.set("linger.ms", "0");
+    let producer: FutureProducer = config.create()?;
+    let started = Instant::now();
+    let mut last = 0i64;
+    let mut sent = 0u64;
+    loop {
+        let row = sqlx::query("SELECT seq, event_id, source, event_type, subject, event_time_ms, schema_file, data, topic, partition_key \
+             FROM outbox WHERE status = 'pending' AND seq > $1 ORDER BY seq LIMIT 1")
+            .bind(last)
+            .fetch_optional(db.pool())
+            .await?;
+        let Some(row) = row else { break };
+        let seq: i64 = row.try_get("seq")?;
+        let event = OutboxEvent {
+            id: row.try_get("event_id")?,
+            source: row.try_get("source")?,
+            event_type: row.try_get("event_type")?,
+            subject: row.try_get("subject")?,
+            time: chrono::DateTime::from_timestamp_millis(row.try_get("event_time_ms")?).unwrap_or_default(),
+            schema_file: row.try_get("schema_file")?,
+            data: row.try_get("data")?,
+            topic: row.try_get("topic")?,
+            partition_key: row.try_get("partition_key")?,
+        };
+        let message = event.to_kafka_record()?;
+        let record = FutureRecord::to(&event.topic).key(event.partition_key.as_str()).message_record(&message);
+        producer.send_result(record).map_err(|(e, _)| e)?.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
+        sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at_ms = $1 WHERE seq = $2")
+            .bind(herald_store::now_ms())
+            .bind(seq)
+            .execute(db.pool())
+            .await?;
+        last = seq;
+        sent += 1;
+    }
+    anyhow::ensure!(sent == events.len() as u64, "naive relay moved {sent} of {} rows", events.len());
+    Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
+}
+
+async fn herald_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+    insert(db, events).await?;
+    let relay = Relay::new(db.clone(), brokers, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
+    let stats = relay.stats();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { relay.run(shutdown).await })
+    };
+    let want = events.len() as u64;
+    let deadline = started + Duration::from_secs(600);
+    while RelayStats::get(&stats.delivered) < want {
+        anyhow::ensure!(Instant::now() < deadline, "relay delivered {} of {want}", RelayStats::get(&stats.delivered));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    task.await?;
+    let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
+    anyhow::ensure!(delivered == want as i64, "{delivered} rows marked delivered, expected {want}");
+    let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayStats::get(c) as f64);
+    let total: f64 = phases.iter().sum::<f64>().max(1.0);
+    Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
+}
+
+async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
+    for chunk in events.chunks(10_000) {
+        let mut tx = db.begin().await?;
+        outbox::append_many(&mut tx, chunk).await?;
+        tx.commit().await?;
+    }
+    // Fresh statistics, as a database that has been running would have.
+    sqlx::query("ANALYZE outbox").execute(db.pool()).await?;
+    Ok(())
+}
+
+fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::Result<()> {
+    let vs_naive = herald.eps() / naive.eps();
+    let vs_raw = herald.eps() / raw.eps();
+    if args.json {
+        let out = json!({
+            "raw_producer_eps": raw.eps().round(), "naive_relay_eps": naive.eps().round(), "relay_eps": herald.eps().round(),
+            "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": (vs_raw * 100.0).round() / 100.0,
+            "events": herald.events, "naive_events": naive.events, "partitions": args.partitions,
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "relay_time_split": herald.split.map(|[r, p, w]| json!({"read": r, "await_broker": p, "record_progress": w})),
+        });
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(());
+    }
+    println!("| run | events | seconds | events/s | vs Herald |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, run) in [("raw rdkafka producer (ceiling)", raw), ("naive relay (1 row: select, publish, await, update)", naive), ("Herald relay (PostgreSQL, progress recorded)", herald)] {
+        println!("| {name} | {} | {:.2} | {:.0} | {:.2}x |", run.events, run.secs, run.eps(), run.eps() / herald.eps());
+    }
+    println!();
+    println!("Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %", vs_raw * 100.0);
+    if let Some([r, p, w]) = herald.split {
+        println!("Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % recording progress", r * 100.0, p * 100.0, w * 100.0);
+    }
+    Ok(())
+}
+
+/// A database created for one run on the server, dropped after it.
+struct TempDb {
+    db: Db,
+    name: String,
+}
+
+impl TempDb {
+    async fn create(server: &str) -> anyhow::Result<TempDb> {
+        let name = format!("herald_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = sqlx::PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
+        admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.context("creating the benchmark database")?;
+        admin.close().await.ok();
+        let mut url = url::Url::parse(server)?;
+        url.set_path(&name);
+        let db = Db::connect_and_migrate(url.as_str()).await?;
+        anyhow::ensure!(db.backend() == Backend::Postgres, "not PostgreSQL");
+        Ok(TempDb { db, name })
+    }
+
+    async fn drop_it(self, server: &str) {
+        self.db.close().await;
+        if let Ok(mut admin) = sqlx::PgConnection::connect(server).await {
+            let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\"", self.name).as_str()).await;
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! `herald relay`: the relay role alone. Any number of instances may run on
+//! one database; they share the outbox's slices between them (see
+//! `herald_relay`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use herald_kafka::Topics;
+use herald_relay::{Relay, RelayConfig};
+use herald_store::Db;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+#[derive(Debug, Clone, Args)]
+pub struct RelayArgs {
+    /// Database URL (postgres://… or sqlite://…) shared with the writers.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
+    pub kafka: Option<String>,
+    /// Partitions of topics Herald creates when they are missing.
+    #[arg(long, env = "HERALD_KAFKA_PARTITIONS", default_value_t = 4)]
+    pub partitions: i32,
+    /// Rows per batch of one slice.
+    #[arg(long, env = "HERALD_RELAY_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub batch_size: i64,
+    /// Lease of a claimed slice, in milliseconds; renewed at a third of it.
+    #[arg(long, env = "HERALD_RELAY_LEASE_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(300..))]
+    pub lease_ms: u64,
+    /// Publishing attempts before a row is dead-lettered.
+    #[arg(long, env = "HERALD_RELAY_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..))]
+    pub max_attempts: i32,
+    /// Name in claims; default host and process id.
+    #[arg(long, env = "HERALD_RELAY_OWNER")]
+    pub owner: Option<String>,
+}
+
+pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
+    // The embedded defaults are private to one process: a relay alone on
+    // them would publish nothing anyone wrote.
+    let (Some(database), Some(brokers)) = (&args.database, &args.kafka) else {
+        eprintln!("error: `herald relay` needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): the embedded defaults are private to one process; use `herald serve` for those");
+        return Ok(ExitCode::from(2));
+    };
+    let db = Db::connect_and_migrate(database).await?;
+    // In the background and not fatal: rows for a missing topic are retried
+    // and dead-lettered, never counted as delivered; and a broker that does
+    // not implement CreateTopics (the mock cluster) must not delay the start.
+    let (topic_brokers, partitions) = (brokers.clone(), args.partitions);
+    tokio::spawn(async move {
+        let topics = Topics::default();
+        if let Err(e) = herald_kafka::ensure_topics(&topic_brokers, &topics.all(), partitions).await {
+            warn!(error = %e, "could not make sure Herald's topics exist");
+        }
+    });
+    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, ..RelayConfig::default() }
+        .with_lease(Duration::from_millis(args.lease_ms));
+    if let Some(owner) = args.owner {
+        config.owner = owner;
+    }
+    let relay = Relay::new(db, brokers, config)?;
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        crate::signals::wait_for_stop().await;
+        info!("shutdown requested; draining");
+        signal.cancel();
+    });
+    relay.run(shutdown).await;
+    Ok(ExitCode::SUCCESS)
+}

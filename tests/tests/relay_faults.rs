@@ -1,0 +1,283 @@
+//! Invariant 5 and 7 under faults, on the mock cluster: the broker down, the
+//! broker refusing produce requests, an acknowledgement lost before the
+//! progress write, a relay paused past its lease, a record the broker can
+//! never take. Races are forced with gates and injected faults, not sleeps.
+
+mod relay_support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use herald_relay::{Probe, ProbeAction, RelayConfig};
+use herald_store::relay::{self as store, slice_of};
+use herald_store::{Db, outbox};
+use herald_testkit::Gate;
+use herald_testkit::kafka::first_occurrences_by_key;
+use rdkafka::types::RDKafkaRespErr;
+use relay_support::{bench, config, stat, wait_until, with_probe};
+
+const DELIVERED: &str = "SELECT COUNT(*) AS n FROM outbox WHERE status = 'delivered'";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_down_rows_stay_pending_and_go_out_when_it_returns() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    b.kafka.broker_down(1)?;
+    let keys: Vec<String> = (0..20).map(|i| format!("down-{}", i % 5)).collect();
+    let ids = b.append(&keys.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    let relay = b.start(config("down"))?;
+    // Every row is in the producer's hands, and none is acknowledged.
+    wait_until("all rows sent", || async { Ok(stat(&relay.stats.sent) >= 20) }).await?;
+    assert_eq!(b.count(DELIVERED).await?, 0, "nothing is delivered while the broker is down");
+    assert_eq!(b.count("SELECT COUNT(*) AS n FROM outbox WHERE status = 'pending'").await?, 20);
+
+    b.kafka.broker_up(1)?;
+    b.wait_count(DELIVERED, 20).await?;
+    relay.stop().await?;
+    let published = first_occurrences_by_key(&b.records()?);
+    for key in 0..5 {
+        let want: Vec<String> = ids.iter().zip(&keys).filter(|(_, k)| **k == format!("down-{key}")).map(|(id, _)| id.clone()).collect();
+        assert_eq!(published[&format!("down-{key}")], want, "key down-{key} in commit order");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_produce_requests_are_retried_with_the_same_event_id() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION;
+    b.kafka.produce_errors(&[refused, refused])?;
+    let ids = b.append(&["refused"; 3]).await?;
+    let relay = b.start(config("refused"))?;
+    b.wait_count(DELIVERED, 3).await?;
+    let stats = relay.stats.clone();
+    relay.stop().await?;
+
+    let (status, attempts) = b.status_of(&ids[0]).await?;
+    assert_eq!(status, outbox::DELIVERED);
+    assert!(attempts >= 2, "the first row was refused before it went out: {attempts} attempts");
+    assert!(stat(&stats.retried) >= 1);
+    let records = b.records()?;
+    // What reached Kafka carries the ids stored with the rows, in order.
+    assert_eq!(first_occurrences_by_key(&records)["refused"], ids);
+    assert!(records.iter().all(|r| ids.contains(&r.ce_id)));
+    Ok(())
+}
+
+/// Loses the acknowledgement of the first batch, as if the relay died between
+/// the broker's ack and the progress write.
+struct LoseFirstAck(AtomicBool);
+
+impl Probe for LoseFirstAck {
+    fn before_progress(&self, _slice: i32, _rows: usize) -> BoxFuture<'_, ProbeAction> {
+        let first = !self.0.swap(true, Ordering::SeqCst);
+        Box::pin(async move { if first { ProbeAction::LoseAck } else { ProbeAction::Continue } })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_ack_republishes_the_rows_with_the_same_event_ids() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let ids = b.append(&["lost-ack"; 10]).await?;
+    let running = b.start(with_probe(config("lost-ack"), LoseFirstAck(AtomicBool::new(false))))?;
+    b.wait_count(DELIVERED, 10).await?;
+    let stats = running.stats.clone();
+    running.stop().await?;
+
+    assert_eq!(stat(&stats.unrecorded), 1);
+    let records = b.records()?;
+    for id in &ids {
+        let copies = records.iter().filter(|r| &r.ce_id == id).count();
+        assert_eq!(copies, 2, "{id}: published, ack lost, published again with the same id");
+    }
+    assert_eq!(first_occurrences_by_key(&records)["lost-ack"], ids);
+    Ok(())
+}
+
+/// Holds the relay right before its first progress write of `slice` until
+/// the test lets it go: a relay paused (GC, SIGSTOP, slow disk) past its lease.
+struct PauseBeforeProgress {
+    slice: i32,
+    paused: AtomicBool,
+    reached: Gate,
+    resume: Gate,
+}
+
+impl Probe for PauseBeforeProgress {
+    fn before_progress(&self, slice: i32, _rows: usize) -> BoxFuture<'_, ProbeAction> {
+        Box::pin(async move {
+            if slice == self.slice && !self.paused.swap(true, Ordering::SeqCst) {
+                self.reached.arrive_and_wait().await;
+                self.resume.arrive_and_wait().await;
+            }
+            ProbeAction::Continue
+        })
+    }
+}
+
+async fn fenced(postgres: bool) -> anyhow::Result<()> {
+    let b = bench(postgres).await?;
+    let key = "fenced";
+    let slice = slice_of(key);
+    let first = b.append(&[key; 5]).await?;
+    let (reached, resume) = (Gate::new(2), Gate::new(2));
+    let probe = PauseBeforeProgress { slice, paused: AtomicBool::new(false), reached: reached.clone(), resume: resume.clone() };
+    // A renews nothing while paused: its lease runs out like a stopped process's.
+    let a_config = RelayConfig { renew_every: Duration::from_secs(3600), lease: Duration::from_secs(60), ..config("relay-a") };
+    let a = b.start(with_probe(a_config, probe))?;
+    reached.arrive_and_wait().await; // A published its batch and waits before recording it.
+
+    let later = b.append(&[key; 5]).await?;
+    // Time passes beyond A's lease (made deterministic by expiring it).
+    sqlx::query("UPDATE relay_slices SET claim_expires_at_ms = 0 WHERE slice = $1").bind(slice).execute(b.db.pool()).await?;
+    // B is another process: its own pool (on SQLite, its own connection).
+    let takeover = b.start_on(Db::connect(&b.test_db.url).await?, config("relay-b"))?;
+    b.wait_count(DELIVERED, 10).await?;
+    let before = slice_row(&b.db, slice).await?;
+    assert_eq!(before.owner, "relay-b");
+
+    resume.arrive_and_wait().await; // A wakes up and tries to record its batch.
+    wait_until("A's write refused", || async { Ok(stat(&a.stats.fenced) == 1) }).await?;
+    assert_eq!(slice_row(&b.db, slice).await?, before, "the takeover relay's progress stands");
+    assert_eq!(stat(&a.stats.delivered), 0, "A recorded nothing of that slice");
+    takeover.stop().await?;
+    a.stop().await?;
+
+    let records = b.records()?;
+    let all: Vec<String> = first.iter().chain(&later).cloned().collect();
+    assert_eq!(first_occurrences_by_key(&records)[key], all, "order holds across the takeover");
+    assert_eq!(records.len(), 15, "A's batch of 5 went out twice: at-least-once, same ids");
+    Ok(())
+}
+
+async fn slice_row(db: &Db, slice: i32) -> anyhow::Result<store::Claim> {
+    Ok(store::slices(db).await?.into_iter().find(|c| c.slice == slice).expect("slice row"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_paused_past_its_lease_cannot_record_progress_postgres() -> anyhow::Result<()> {
+    fenced(true).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relay_paused_past_its_lease_cannot_record_progress_sqlite() -> anyhow::Result<()> {
+    fenced(false).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_committed_late_is_published_after_what_committed_before_it() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let relay = b.start(config("late"))?;
+    // T1 takes the lower sequence but commits last.
+    let late = b.event("late", b"t1");
+    let mut t1 = b.db.begin().await?;
+    let late_seq = outbox::append(&mut t1, &late).await?;
+    let early = b.append(&["late"]).await?;
+    wait_until("T2's row delivered", || async { Ok(b.status_of(&early[0]).await?.0 == outbox::DELIVERED) }).await?;
+    // The cursor moved past T2's sequence; T1's row must not be skipped.
+    t1.commit().await?;
+    wait_until("T1's row delivered", || async { Ok(b.status_of(&late.id).await?.0 == outbox::DELIVERED) }).await?;
+    relay.stop().await?;
+
+    let early_seq = b.count(&format!("SELECT seq AS n FROM outbox WHERE event_id = '{}'", early[0])).await?;
+    assert!(late_seq < early_seq, "T1 holds the lower sequence");
+    assert_eq!(first_occurrences_by_key(&b.records()?)["late"], vec![early[0].clone(), late.id.clone()], "commit order");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retries_exhausted_dead_letter_the_row_and_redrive_publishes_it() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let refused = RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION;
+    b.kafka.produce_errors(&[refused, refused])?;
+    let ids = b.append(&["dlq"]).await?;
+    let relay = b.start(RelayConfig { max_attempts: 2, ..config("dlq") })?;
+    wait_until("dead-lettered", || async { Ok(b.status_of(&ids[0]).await?.0 == outbox::DEAD_LETTERED) }).await?;
+    let listed = outbox::list(&b.db, outbox::DEAD_LETTERED, 10).await?;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].event_id, ids[0]);
+    assert_eq!(listed[0].attempts, 2);
+    assert!(listed[0].last_error.as_deref().is_some_and(|e| e.contains("olicy")), "{:?}", listed[0].last_error);
+
+    let moved = outbox::redrive(&b.db, &[listed[0].seq]).await?;
+    assert_eq!(moved.len(), 1);
+    assert!(moved[0].1 > moved[0].0, "re-appended behind everything else");
+    b.wait_count(DELIVERED, 1).await?;
+    relay.stop().await?;
+    let records = b.records()?;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].ce_id, ids[0], "redriven with the same CloudEvents id");
+    // Only set-aside rows are redriven.
+    assert!(outbox::redrive(&b.db, &[moved[0].1]).await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_too_large_is_failed_not_delivered_and_its_key_goes_on() -> anyhow::Result<()> {
+    for postgres in [true, false] {
+        let b = bench(postgres).await?;
+        let big = b.event("big", &vec![7u8; 2 * 1024 * 1024]);
+        let mut tx = b.db.begin().await?;
+        outbox::append(&mut tx, &big).await?;
+        tx.commit().await?;
+        let after = b.append(&["big", "other"]).await?;
+        let relay = b.start(config("big"))?;
+        b.wait_count(DELIVERED, 2).await?;
+        wait_until("set aside", || async { Ok(b.status_of(&big.id).await?.0 == outbox::FAILED) }).await?;
+        relay.stop().await?;
+        let (_, attempts) = b.status_of(&big.id).await?;
+        assert_eq!(attempts, 1, "a permanent error is not retried");
+        let records = b.records()?;
+        assert!(records.iter().all(|r| r.ce_id != big.id), "never reported as published");
+        assert_eq!(first_occurrences_by_key(&records)["big"], vec![after[0].clone()]);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_commit_wakes_an_idle_relay_without_waiting_for_its_poll() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    // Polling alone would take a minute: only the NOTIFY can be this quick.
+    let relay = b.start(RelayConfig { idle_max: Duration::from_secs(60), ..config("notify") })?;
+    // Listening, and every slice read once, found nothing and now waits.
+    wait_until("listening and idle", || async { Ok(stat(&relay.stats.listening) == 1 && stat(&relay.stats.idle) >= 16) }).await?;
+    let started = std::time::Instant::now();
+    let second = b.append(&["notify"]).await?;
+    wait_until("the row delivered", || async { Ok(b.status_of(&second[0]).await?.0 == outbox::DELIVERED) }).await?;
+    assert!(started.elapsed() < Duration::from_secs(10), "woken after {:?}", started.elapsed());
+    relay.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_topic_the_broker_does_not_have_is_not_a_success() -> anyhow::Result<()> {
+    // The real broker: it does not create topics on demand (the mock does).
+    let test_db = herald_testkit::postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let brokers = herald_testkit::real_broker()?;
+    let event = relay_support::event_for("missing", &herald_testkit::unique("no-such-topic"));
+    let mut tx = db.begin().await?;
+    outbox::append(&mut tx, &event).await?;
+    tx.commit().await?;
+    let config = RelayConfig {
+        max_attempts: 1,
+        // Give up on the topic after 1 s instead of librdkafka's 30 s.
+        producer: vec![("topic.metadata.propagation.max.ms".into(), "1000".into())],
+        ..config("missing-topic")
+    };
+    let relay = herald_relay::Relay::new(db.clone(), &brokers, config)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    let status = || async {
+        let row = sqlx::query("SELECT status, last_error FROM outbox WHERE event_id = $1").bind(&event.id).fetch_one(db.pool()).await?;
+        anyhow::Ok((sqlx::Row::try_get::<String, _>(&row, "status")?, sqlx::Row::try_get::<Option<String>, _>(&row, "last_error")?))
+    };
+    wait_until("dead-lettered", || async { Ok(status().await?.0 == outbox::DEAD_LETTERED) }).await?;
+    stop.cancel();
+    task.await?;
+    let (_, error) = status().await?;
+    assert!(error.as_deref().is_some_and(|e| e.contains("Unknown topic") || e.contains("UnknownTopic")), "{error:?}");
+    Ok(())
+}
