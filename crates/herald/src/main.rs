@@ -1,6 +1,6 @@
 //! `herald`: one binary, one subcommand per job.
 
-use herald::{config, demo, pipeline};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -22,7 +22,7 @@ struct Cli {
 enum Command {
     /// Run the whole pipeline once on the embedded default and check it.
     Demo(demo::DemoArgs),
-    /// Run every role (API, relay, worker, search subscription) in one process.
+    /// Run every role (API, relay, worker, search/stats/notify subscriptions) in one process.
     Serve {
         #[command(flatten)]
         backends: Backends,
@@ -30,6 +30,14 @@ enum Command {
         #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
         listen: String,
     },
+    /// Run one subscription (search, stats or notify) alone.
+    Consume(cmd_consume::ConsumeArgs),
+    /// Inspect and redrive dead letters.
+    Dlq(cmd_dlq::DlqArgs),
+    /// Inbox maintenance (retention).
+    Inbox(cmd_inbox::InboxArgs),
+    /// Benchmarks.
+    Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// Database URL (postgres://… or sqlite://…).
@@ -74,6 +82,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve { backends, listen } => serve(backends, &listen).await,
+        Command::Consume(args) => cmd_consume::run(args).await,
+        Command::Dlq(args) => cmd_dlq::run(args).await,
+        Command::Inbox(args) => cmd_inbox::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;
             println!("migrations applied to {database}");

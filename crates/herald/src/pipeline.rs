@@ -5,17 +5,18 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use herald_api::{AppState, Tokens};
-use herald_consumer::{InboxProcessor, Subscription};
+use herald_consumer::{Metrics, Options, Subscription};
 use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{self, ExportWorker};
 use herald_kafka::Topics;
-use herald_projections::search::{self, SearchHandler};
 use herald_relay::{Relay, RelayConfig};
 use herald_store::Db;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
+
+use crate::subscriptions;
 
 /// What every role needs to reach.
 #[derive(Clone)]
@@ -62,7 +63,8 @@ impl Running {
     }
 }
 
-/// Starts API, relay, export worker and search subscription.
+/// Starts API, relay, export worker and the search, stats and notify
+/// subscriptions.
 pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -72,7 +74,9 @@ pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
     tasks.spawn(api(listener, state, shutdown.clone()));
     tasks.spawn(relay(wiring.clone(), shutdown.clone()));
     tasks.spawn(export_worker(wiring.clone(), shutdown.clone()));
-    tasks.spawn(search_subscription(wiring, shutdown.clone()));
+    for name in subscriptions::Name::ALL {
+        tasks.spawn(subscription(name, wiring.clone(), shutdown.clone()));
+    }
     Ok(Running { api_addr, shutdown, tasks })
 }
 
@@ -94,9 +98,10 @@ async fn export_worker(wiring: Wiring, shutdown: CancellationToken) -> anyhow::R
     Ok(())
 }
 
-async fn search_subscription(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let subscription = Subscription::new(search::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&wiring.topics.events]);
-    let processor = InboxProcessor::new(wiring.db, search::SUBSCRIPTION, SearchHandler);
-    herald_consumer::run(&subscription, &processor, shutdown).await?;
+/// One subscription of the events topic; each is its own consumer group, so
+/// a slow or stopped one holds none of the others back.
+async fn subscription(name: subscriptions::Name, wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+    subscriptions::run(name, &wiring.db, &sub, &Options::default(), &Metrics::default(), shutdown).await?;
     Ok(())
 }
