@@ -1,7 +1,12 @@
 //! The `herald` binary's library half: wiring of roles, configuration and
 //! the demo, exposed so end-to-end tests start exactly what users run.
 
+pub mod bench;
+pub mod cmd_consume;
+pub mod cmd_dlq;
+pub mod cmd_inbox;
 pub mod config;
 pub mod demo;
 pub mod lifecycle_args;
 pub mod pipeline;
+pub mod subscriptions;

@@ -2,7 +2,7 @@
 
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
-use herald::{config, demo, pipeline};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Run the whole pipeline once on the embedded default and check it.
     Demo(demo::DemoArgs),
-    /// Run every role (API, relay, worker, search subscription) in one process.
+    /// Run every role (API, relay, worker, search/stats/notify subscriptions) in one process.
     Serve {
         #[command(flatten)]
         backends: Backends,
@@ -41,6 +41,14 @@ enum Command {
         #[command(flatten)]
         lifecycle: LifecycleArgs,
     },
+    /// Run one subscription (search, stats or notify) alone.
+    Consume(cmd_consume::ConsumeArgs),
+    /// Inspect and redrive dead letters.
+    Dlq(cmd_dlq::DlqArgs),
+    /// Inbox maintenance (retention).
+    Inbox(cmd_inbox::InboxArgs),
+    /// Benchmarks.
+    Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
     Migrate {
         /// Database URL (postgres://… or sqlite://…).
@@ -86,9 +94,13 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve { backends, listen, lifecycle } => serve(backends, Roles::all(&listen), &lifecycle).await,
         Command::Worker { backends, lifecycle } => {
-            let roles = Roles { api: None, relay: false, worker: true, search: false };
+            let roles = Roles { api: None, relay: false, worker: true, subscriptions: false };
             serve(backends, roles, &lifecycle).await
         }
+        Command::Consume(args) => cmd_consume::run(args).await,
+        Command::Dlq(args) => cmd_dlq::run(args).await,
+        Command::Inbox(args) => cmd_inbox::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;
             println!("migrations applied to {database}");
