@@ -2,7 +2,8 @@
 
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
-use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, config, demo, pipeline};
+use herald::notify_args::{NotifyArgs, hook_from_env};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_provider_sim, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -33,6 +34,8 @@ enum Command {
         listen: String,
         #[command(flatten)]
         lifecycle: LifecycleArgs,
+        #[command(flatten)]
+        notify: NotifyArgs,
     },
     /// Run export workers alone: attempts, the recovery scanner, orphan cleanup.
     Worker {
@@ -43,6 +46,17 @@ enum Command {
     },
     /// Run one subscription (search, stats or notify) alone.
     Consume(cmd_consume::ConsumeArgs),
+    /// Run the notification dispatcher alone.
+    Dispatch {
+        #[command(flatten)]
+        backends: Backends,
+        #[command(flatten)]
+        notify: NotifyArgs,
+    },
+    /// Reconcile notifications whose outcome is unknown.
+    Notify(cmd_notify::NotifyCmdArgs),
+    /// A reference notification receiver with a durable ledger and fault switches.
+    ProviderSim(cmd_provider_sim::ProviderSimArgs),
     /// Inspect and redrive dead letters.
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
@@ -92,11 +106,21 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen, lifecycle } => serve(backends, Roles::all(&listen), &lifecycle).await,
+        Command::Serve { backends, listen, lifecycle, notify } => serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify)).await,
         Command::Worker { backends, lifecycle } => {
-            let roles = Roles { api: None, relay: false, worker: true, subscriptions: false };
-            serve(backends, roles, &lifecycle).await
+            let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
+            serve(backends, roles, Some(&lifecycle), None).await
         }
+        Command::Dispatch { backends, notify } => {
+            if notify.notify_url.is_none() && backends.database.is_some() {
+                eprintln!("error: --notify-url (or HERALD_NOTIFY_URL) is required with a real database");
+                return Ok(ExitCode::from(2));
+            }
+            let roles = Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true };
+            serve(backends, roles, None, Some(&notify)).await
+        }
+        Command::Notify(args) => cmd_notify::run(args).await,
+        Command::ProviderSim(args) => cmd_provider_sim::run(args).await,
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,
         Command::Inbox(args) => cmd_inbox::run(args).await,
@@ -109,9 +133,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn serve(backends: Backends, roles: Roles, lifecycle: &LifecycleArgs) -> anyhow::Result<ExitCode> {
-    let options = lifecycle.options()?;
+async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArgs>, notify: Option<&NotifyArgs>) -> anyhow::Result<ExitCode> {
+    let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     let env = backends.resolve().await?;
+    if let (true, Some(notify)) = (roles.dispatcher, notify) {
+        let url = match &notify.notify_url {
+            Some(url) => url.clone(),
+            None => env.start_embedded_provider().await?,
+        };
+        let (client, config) = notify.dispatcher(&url)?;
+        options.dispatch = Some(pipeline::Dispatch { client, config, hook: hook_from_env() });
+    }
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
     if let Some(addr) = running.api_addr {
         println!("herald listening on http://{addr}");

@@ -13,6 +13,8 @@ use herald_export::faults::Faults;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
 use herald_kafka::Topics;
+use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_notify::provider::ProviderClient;
 use herald_relay::{Relay, RelayConfig};
 use herald_store::Db;
 use tokio::net::TcpListener;
@@ -45,11 +47,13 @@ pub struct Roles {
     pub worker: bool,
     /// The search, stats and notify subscriptions.
     pub subscriptions: bool,
+    /// The notification dispatcher; needs `Options::dispatch`.
+    pub dispatcher: bool,
 }
 
 impl Roles {
     pub fn all(listen: &str) -> Roles {
-        Roles { api: Some(listen.to_owned()), relay: true, worker: true, subscriptions: true }
+        Roles { api: Some(listen.to_owned()), relay: true, worker: true, subscriptions: true, dispatcher: true }
     }
 }
 
@@ -63,6 +67,16 @@ pub struct Options {
     pub scan_interval: Duration,
     /// Age before an unselectable candidate artifact is removed.
     pub orphan_grace: Duration,
+    /// The notification provider, for the dispatcher role.
+    pub dispatch: Option<Dispatch>,
+}
+
+/// What the dispatcher role needs.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    pub client: ProviderClient,
+    pub config: DispatcherConfig,
+    pub hook: AfterResponseHook,
 }
 
 impl Default for Options {
@@ -73,6 +87,7 @@ impl Default for Options {
             faults: Faults::none(),
             scan_interval: Duration::from_secs(1),
             orphan_grace: Duration::from_secs(600),
+            dispatch: None,
         }
     }
 }
@@ -145,6 +160,15 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         for name in subscriptions::Name::ALL {
             tasks.spawn(subscription(name, wiring.clone(), shutdown.clone()));
         }
+    }
+    if roles.dispatcher {
+        let dispatch = options.dispatch.clone().context("the dispatcher role needs a notification provider")?;
+        let dispatcher = Dispatcher::new(wiring.db.clone(), dispatch.client, dispatch.config, dispatch.hook);
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            dispatcher.run(shutdown).await;
+            Ok(())
+        });
     }
     Ok(Running { api_addr, shutdown, tasks })
 }

@@ -56,12 +56,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         scan_interval: Duration::from_millis(200),
         ..Options::default()
     };
-    let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, subscriptions: true };
+    let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, subscriptions: true, dispatcher: false };
     let running = pipeline::start_roles(env.wiring.clone(), core_roles, options.clone()).await?;
     let (hooks, mut hung_rx) = takeover::hang_first_attempt(2);
     let mut workers = Vec::new();
     for faults in hooks {
-        let worker_roles = Roles { api: None, relay: false, worker: true, subscriptions: false };
+        let worker_roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
         workers.push(Some(pipeline::start_roles(env.wiring.clone(), worker_roles, Options { faults, ..options.clone() }).await?));
     }
     let client = DemoClient::new(running.api_addr.context("demo runs the API")?, token);
