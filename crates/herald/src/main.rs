@@ -139,7 +139,7 @@ async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArg
     if let (true, Some(notify)) = (roles.dispatcher, notify) {
         let url = match &notify.notify_url {
             Some(url) => url.clone(),
-            None => env.start_embedded_provider().await?,
+            None => env.start_embedded_provider(Default::default()).await?,
         };
         let (client, config) = notify.dispatcher(&url)?;
         options.dispatch = Some(pipeline::Dispatch { client, config, hook: hook_from_env() });
