@@ -342,3 +342,42 @@ async fn cancelled_before_acceptance_keeps_the_lease_then_is_reclaimed_with_the_
     assert_eq!(effects(&url).await?["effects"], 1);
     paused.kill().await
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reconcile_asks_a_queryable_provider_about_unknown_intents() -> anyhow::Result<()> {
+    let s = setup(BODY).await?;
+    seed(&s.db, "ntf_never_arrived", BODY).await?;
+    sqlx::query("UPDATE notification_intents SET status = 'unknown', attempts = 1").execute(s.db.pool()).await?;
+    let receiver = start_receiver("keyed", &s.ledger(), "127.0.0.1:0").await?;
+    // The provider did get KEY (the answer was lost), never the other one.
+    let accepted = reqwest::Client::new()
+        .post(format!("{}/v1/notifications", receiver.url))
+        .header("idempotency-key", KEY)
+        .body(BODY)
+        .send()
+        .await?;
+    assert_eq!(accepted.status(), 200);
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["notify", "reconcile", "--database", &s.test_db.url, "--notify-url", &receiver.url, "--json"])
+        .output()
+        .await?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(report["asked_provider"]["confirmed_sent"], 1);
+    assert_eq!(report["asked_provider"]["requeued"], 1, "not at the provider: safe to send again with its key");
+    let confirmed = intent(&s.db).await?;
+    assert_eq!(confirmed.status, "sent");
+    assert!(confirmed.receipt.is_some_and(|r| r.starts_with("rcpt_")), "the provider's receipt, not a guess");
+    let requeued: String = sqlx::query("SELECT status FROM notification_intents WHERE idempotency_key = 'ntf_never_arrived'")
+        .fetch_one(s.db.pool())
+        .await?
+        .try_get("status")?;
+    assert_eq!(requeued, "pending");
+    // Bad input: an unknown key to decide on is a usage error.
+    let bad = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["notify", "reconcile", "--database", &s.test_db.url, "--mark-sent", "ntf_nope"])
+        .output()
+        .await?;
+    assert_eq!(bad.status.code(), Some(2));
+    receiver.proc.kill().await
+}
