@@ -10,7 +10,8 @@
 //! and the synchronous commit here publishes them before the partitions go.
 
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rdkafka::ClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
@@ -23,11 +24,13 @@ use tracing::{info, warn};
 pub struct SubscriptionContext {
     subscription: String,
     revoked: Mutex<HashSet<(String, i32)>>,
+    assigned: Arc<AtomicU64>,
 }
 
 impl SubscriptionContext {
-    pub fn new(subscription: &str) -> Self {
-        SubscriptionContext { subscription: subscription.to_owned(), revoked: Mutex::new(HashSet::new()) }
+    /// `assigned` is kept equal to the number of partitions held.
+    pub fn new(subscription: &str, assigned: Arc<AtomicU64>) -> Self {
+        SubscriptionContext { subscription: subscription.to_owned(), revoked: Mutex::new(HashSet::new()), assigned }
     }
 
     /// Partitions revoked since the last call.
@@ -51,6 +54,8 @@ impl ConsumerContext for SubscriptionContext {
                 // committed offset; its inbox absorbs what we applied.
                 Err(e) => warn!(subscription = %self.subscription, error = %e, "commit before revocation failed"),
             }
+            // Eager protocol: a revocation takes every partition.
+            self.assigned.store(0, Ordering::Relaxed);
             let mut revoked = self.revoked.lock().unwrap_or_else(|p| p.into_inner());
             revoked.extend(tpl.elements().iter().map(|e| (e.topic().to_owned(), e.partition())));
             info!(subscription = %self.subscription, partitions = %describe(tpl), "partitions revoked");
@@ -60,6 +65,7 @@ impl ConsumerContext for SubscriptionContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         match rebalance {
             Rebalance::Assign(tpl) => {
+                self.assigned.store(tpl.count() as u64, Ordering::Relaxed);
                 info!(subscription = %self.subscription, partitions = %describe(tpl), "partitions assigned");
             }
             Rebalance::Error(e) => warn!(subscription = %self.subscription, error = %e, "rebalance error"),

@@ -1,5 +1,6 @@
 //! Counters of one running subscription, for logs, the CLI summary and tests.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
@@ -17,6 +18,8 @@ pub struct Metrics {
     pub batches: AtomicU64,
     /// Retries after retryable failures (the subscription paused).
     pub retries: AtomicU64,
+    /// Partitions this member holds now; written by the rebalance callbacks.
+    pub assigned: Arc<AtomicU64>,
 }
 
 /// A point-in-time copy of [`Metrics`].
@@ -28,6 +31,7 @@ pub struct Snapshot {
     pub dead_lettered: u64,
     pub batches: u64,
     pub retries: u64,
+    pub assigned: u64,
 }
 
 impl Metrics {
@@ -44,6 +48,7 @@ impl Metrics {
             dead_lettered: get(&self.dead_lettered),
             batches: get(&self.batches),
             retries: get(&self.retries),
+            assigned: get(&self.assigned),
         }
     }
 }

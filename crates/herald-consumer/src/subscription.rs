@@ -74,7 +74,7 @@ pub async fn run_subscription<H: Handler>(
     }
     let consumer: StreamConsumer<SubscriptionContext> =
         herald_kafka::consumer_config(&subscription.brokers, &subscription.group)
-            .create_with_context(SubscriptionContext::new(&subscription.name))?;
+            .create_with_context(SubscriptionContext::new(&subscription.name, metrics.assigned.clone()))?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(subscription = %subscription.name, group = %subscription.group, ?topics, "subscription started");
@@ -105,18 +105,23 @@ pub async fn run_subscription<H: Handler>(
 }
 
 /// Receives up to `max_batch` records, waiting at most `max_wait` after the
-/// first. `None` on shutdown. Records of partitions revoked meanwhile are
-/// dropped: they were not applied, and their next owner receives them again.
+/// first. `None` on shutdown.
+///
+/// A rebalance can only run inside `recv()`. When one revoked partitions,
+/// the records of those partitions received *before* it are dropped: they
+/// were not applied, and whoever owns the partition now (maybe this process
+/// again) receives them again from the committed offset. Records received
+/// after it are kept — they come from the new assignment.
 async fn collect(
     consumer: &StreamConsumer<SubscriptionContext>,
     options: &Options,
     shutdown: &CancellationToken,
 ) -> Option<Vec<OwnedMessage>> {
-    consumer.context().take_revoked();
     let first = tokio::select! {
         _ = shutdown.cancelled() => return None,
         msg = consumer.recv() => msg,
     };
+    consumer.context().take_revoked();
     let mut batch = Vec::with_capacity(options.max_batch);
     match first {
         Ok(msg) => batch.push(msg.detach()),
@@ -127,7 +132,12 @@ async fn collect(
     }
     let deadline = Instant::now() + options.max_wait;
     while batch.len() < options.max_batch {
-        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+        let received = tokio::time::timeout_at(deadline, consumer.recv()).await;
+        let revoked = consumer.context().take_revoked();
+        if !revoked.is_empty() {
+            batch.retain(|m| !revoked.contains(&(m.topic().to_owned(), m.partition())));
+        }
+        match received {
             Ok(Ok(msg)) => batch.push(msg.detach()),
             Ok(Err(e)) => {
                 warn!(error = %e, "kafka receive error");
@@ -135,10 +145,6 @@ async fn collect(
             }
             Err(_elapsed) => break,
         }
-    }
-    let revoked = consumer.context().take_revoked();
-    if !revoked.is_empty() {
-        batch.retain(|m| !revoked.contains(&(m.topic().to_owned(), m.partition())));
     }
     Some(batch)
 }
