@@ -56,3 +56,14 @@ impl From<StoreError> for ProcessError {
         HandlerError::from(e).into()
     }
 }
+
+/// Why a subscription stopped before its shutdown was requested.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// The consumer could not be created or subscribed: fix the configuration.
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The database refused the start-up work.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

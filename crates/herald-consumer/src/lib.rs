@@ -1,21 +1,36 @@
-//! The subscription runtime: one Kafka consumer group per subscription, each
-//! record's effect committed in the database before its offset is committed.
+//! The subscription runtime: one Kafka consumer group per subscription, the
+//! effects of a batch of records committed in the database before their
+//! offsets are stored and committed.
 //!
-//! - [`runtime`]: the consume loop — receive, process, commit the offset
-//!   after; retryable failures pause the partition's progress, never skip it.
-//! - [`inbox`]: a [`Processor`] that deduplicates on CloudEvents
-//!   (`source`, `id`) per subscription, inbox row and effect in one
-//!   transaction, for handlers that implement [`Handler`].
+//! - [`subscription`]: the batching runtime for inbox-deduplicated
+//!   [`Handler`]s — collect a batch, one transaction for inbox rows and
+//!   effects, store offsets after; rebalance and shutdown finish the batch in
+//!   flight first ([`context`]).
+//! - `batch` (private): one batch's transaction; permanent failures are
+//!   isolated record by record and dead-lettered after bounded retries;
+//!   retryable failures pause and retry, never dead-letter.
+//! - [`redrive`]: dead letters back through the same inbox and handler.
+//! - [`runtime`]: the one-record-at-a-time loop of non-inbox [`Processor`]s
+//!   (the export worker, whose dedup is the job's state).
 //!
 //! Dedup window: a crash after the database commit and before the offset
-//! commit redelivers the record; the inbox row makes the second delivery a
-//! no-op. That is the only duplicate this design admits, and it is absorbed.
+//! commit redelivers the batch; its inbox rows make the second delivery a
+//! no-op. That is the duplicate delivery this design admits, and the inbox
+//! absorbs it for as long as the inbox rows are retained.
 
-pub mod inbox;
+pub mod context;
+pub mod handler;
+pub mod metrics;
+pub mod redrive;
 pub mod runtime;
+pub mod subscription;
 
+mod batch;
 mod error;
 
-pub use error::{HandlerError, ProcessError};
-pub use inbox::{Handler, InboxProcessor};
+pub use error::{HandlerError, ProcessError, RunError};
+pub use handler::Handler;
+pub use metrics::{Metrics, Snapshot};
+pub use redrive::{Redriven, redrive};
 pub use runtime::{Processor, Subscription, run};
+pub use subscription::{AfterCommit, Options, run_subscription};

@@ -18,6 +18,9 @@ pub enum EnvelopeError {
     /// `dataschema` names a schema this build does not know.
     #[error("unknown schema {0}")]
     UnknownSchema(String),
+    /// No `ce_*` headers, and the value is not a valid legacy envelope.
+    #[error("{0}")]
+    Legacy(String),
     /// The data does not decode (or encode) with the named schema.
     #[error("data does not match schema {schema}: {reason}")]
     Data { schema: String, reason: String },

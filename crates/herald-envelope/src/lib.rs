@@ -5,6 +5,8 @@
 //! - [`event`]: an outbox row's event, its CloudEvents form and Kafka record
 //!   in binary content mode (`ce_*` headers).
 //! - [`decode`]: the reverse way, validating every attribute Herald relies on.
+//! - [`legacy`]: the older JSON envelope, normalised to the same identity;
+//!   [`decode_any`] reads either envelope.
 //!
 //! The dedup key of a fact is CloudEvents (`source`, `id`) — [`EventKey`] — and
 //! nothing else: not the Kafka offset, not the payload bytes.
@@ -12,6 +14,7 @@
 pub mod data;
 pub mod decode;
 pub mod event;
+pub mod legacy;
 pub mod schema;
 
 mod error;
@@ -20,3 +23,4 @@ pub use data::{EventData, ExportCompleted, ExportFailed, ExportRequested};
 pub use decode::{DecodedEvent, decode_record};
 pub use error::EnvelopeError;
 pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};
+pub use legacy::decode_any;

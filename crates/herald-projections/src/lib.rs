@@ -3,5 +3,7 @@
 //! rebuild) can never cause an effect outside the database.
 //!
 //! - [`search`]: searchable documents of finished exports, per generation.
+//! - [`stats`]: counters of completed exports by day, caller and format.
 
 pub mod search;
+pub mod stats;

@@ -2,6 +2,8 @@
 //! Reads always go through the generation named active in
 //! `active_generations`, so a rebuild can fill another one beside it.
 
+use std::collections::BTreeMap;
+
 use herald_consumer::{Handler, HandlerError};
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted};
 use herald_store::{Db, StoreError, Tx};
@@ -26,6 +28,67 @@ impl Handler for SearchHandler {
         upsert(tx, &data).await?;
         Ok(())
     }
+
+    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
+        // One document per job: the newest business version in the batch
+        // (one statement may not touch the same row twice on PostgreSQL).
+        let mut newest: BTreeMap<String, ExportCompleted> = BTreeMap::new();
+        for event in events {
+            let data: ExportCompleted = event.data_as()?;
+            match newest.get(&data.job_id) {
+                Some(seen) if seen.version >= data.version => {}
+                _ => {
+                    newest.insert(data.job_id.clone(), data);
+                }
+            }
+        }
+        let docs: Vec<&ExportCompleted> = newest.values().collect();
+        upsert_many(tx, &docs).await?;
+        Ok(())
+    }
+}
+
+/// Rows per statement: 9 binds each.
+const UPSERT_CHUNK: usize = 500;
+
+/// [`upsert`] for many documents, a few statements instead of one per row.
+async fn upsert_many(tx: &mut Tx<'_>, docs: &[&ExportCompleted]) -> Result<(), StoreError> {
+    if docs.is_empty() {
+        return Ok(());
+    }
+    let generation: i64 = sqlx::query("SELECT generation FROM active_generations WHERE projection = $1")
+        .bind(PROJECTION)
+        .fetch_one(&mut **tx)
+        .await?
+        .try_get("generation")?;
+    for chunk in docs.chunks(UPSERT_CHUNK) {
+        let values: Vec<String> =
+            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 9 + 1, 9))).collect();
+        let sql = format!(
+            "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
+             size_bytes, completed_at_ms, version) VALUES {} \
+             ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
+             format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
+             size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
+             version = excluded.version WHERE search_documents.version < excluded.version",
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for doc in chunk {
+            query = query
+                .bind(generation)
+                .bind(&doc.job_id)
+                .bind(&doc.caller)
+                .bind(&doc.format)
+                .bind(&doc.query)
+                .bind(&doc.result_id)
+                .bind(doc.size_bytes)
+                .bind(doc.completed_at_ms)
+                .bind(doc.version);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
 }
 
 /// Writes the document unless the generation already holds a newer business

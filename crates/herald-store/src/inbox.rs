@@ -2,9 +2,12 @@
 //! event's effect. Written in the same transaction as the effect, so "seen"
 //! and "applied" cannot disagree.
 
-use herald_envelope::EventKey;
+use std::collections::HashSet;
 
-use crate::{StoreError, Tx, now_ms};
+use herald_envelope::EventKey;
+use sqlx::Row;
+
+use crate::{Db, StoreError, Tx, now_ms};
 
 /// Where a record was read from, kept for audits and dead-letter redrives.
 #[derive(Debug, Clone)]
@@ -40,4 +43,119 @@ pub async fn claim(
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// One event of a batch to claim.
+#[derive(Debug, Clone)]
+pub struct Entry<'a> {
+    pub key: &'a EventKey,
+    pub event_type: &'a str,
+    pub delivery: Delivery<'a>,
+}
+
+/// Rows per INSERT statement: 8 binds each, well below both backends' limits
+/// on bound parameters (SQLite 32766, PostgreSQL 65535).
+const CLAIM_CHUNK: usize = 500;
+
+/// Claims many keys for `subscription` inside `tx` and returns those seen for
+/// the first time; the caller applies exactly those in the same transaction.
+///
+/// Entries are claimed in key order so that two transactions claiming
+/// overlapping keys (two members of a group during a rebalance handoff) lock
+/// rows in the same order and cannot deadlock each other.
+pub async fn claim_batch(
+    tx: &mut Tx<'_>,
+    subscription: &str,
+    entries: &[Entry<'_>],
+) -> Result<HashSet<EventKey>, StoreError> {
+    let mut sorted: Vec<&Entry<'_>> = entries.iter().collect();
+    sorted.sort_by(|a, b| a.key.cmp(b.key));
+    let now = now_ms();
+    let mut first = HashSet::with_capacity(entries.len());
+    for chunk in sorted.chunks(CLAIM_CHUNK) {
+        let values: Vec<String> = (0..chunk.len())
+            .map(|i| format!("({})", crate::outbox::placeholders(i * 8 + 1, 8)))
+            .collect();
+        let sql = format!(
+            "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, \
+             kafka_offset, processed_at_ms) VALUES {} \
+             ON CONFLICT (subscription, source, event_id) DO NOTHING RETURNING source, event_id",
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for e in chunk {
+            query = query
+                .bind(subscription)
+                .bind(&e.key.source)
+                .bind(&e.key.id)
+                .bind(e.event_type)
+                .bind(e.delivery.topic)
+                .bind(e.delivery.partition)
+                .bind(e.delivery.offset)
+                .bind(now);
+        }
+        for row in query.fetch_all(&mut **tx).await? {
+            first.insert(EventKey { source: row.try_get("source")?, id: row.try_get("event_id")? });
+        }
+    }
+    Ok(first)
+}
+
+/// Rewrites `subscription`'s inbox rows keyed by a legacy source alias to the
+/// canonical source, so dedup rows written before the legacy mapping existed
+/// still match the normalised key. A row whose canonical twin already exists
+/// is a duplicate of it and is dropped. Idempotent; run at subscription start.
+pub async fn normalise_legacy_sources(
+    db: &Db,
+    subscription: &str,
+    aliases: &[(&str, &str)],
+) -> Result<u64, StoreError> {
+    let mut tx = db.begin().await?;
+    let mut changed = 0;
+    for (legacy, canonical) in aliases {
+        sqlx::query(
+            "DELETE FROM inbox WHERE subscription = $1 AND source = $2 AND EXISTS (SELECT 1 FROM inbox c \
+             WHERE c.subscription = $1 AND c.source = $3 AND c.event_id = inbox.event_id)",
+        )
+        .bind(subscription)
+        .bind(*legacy)
+        .bind(*canonical)
+        .execute(&mut *tx)
+        .await?;
+        changed += sqlx::query("UPDATE inbox SET source = $1 WHERE subscription = $2 AND source = $3")
+            .bind(*canonical)
+            .bind(subscription)
+            .bind(*legacy)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    }
+    tx.commit().await?;
+    Ok(changed)
+}
+
+/// Deletes inbox rows processed before `before_ms` (all subscriptions, or
+/// one). See ARCHITECTURE.md "Inbox retention" for how old is safe: a row
+/// must outlive every way its record can still be delivered.
+pub async fn delete_older_than(db: &Db, before_ms: i64, subscription: Option<&str>) -> Result<u64, StoreError> {
+    let done = match subscription {
+        Some(s) => {
+            sqlx::query("DELETE FROM inbox WHERE processed_at_ms < $1 AND subscription = $2")
+                .bind(before_ms)
+                .bind(s)
+                .execute(db.pool())
+                .await?
+        }
+        None => sqlx::query("DELETE FROM inbox WHERE processed_at_ms < $1").bind(before_ms).execute(db.pool()).await?,
+    };
+    Ok(done.rows_affected())
+}
+
+/// Inbox rows of `subscription`, for reports and tests.
+pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = $1")
+        .bind(subscription)
+        .fetch_one(db.pool())
+        .await?;
+    Ok(row.try_get("n")?)
 }

@@ -1,5 +1,5 @@
-//! sqlx adapters shared by every Herald role: the database handle, the outbox
-//! and the inbox. Domain crates keep their own tables' SQL next to their
+//! sqlx adapters shared by every Herald role: the database handle, the outbox,
+//! the inbox and the dead-letter store. Domain crates keep their own tables' SQL next to their
 //! domain, on top of [`Db`].
 //!
 //! One code path serves PostgreSQL (production) and SQLite (the embedded
@@ -8,6 +8,7 @@
 //! milliseconds, and the few statements that must differ branch on
 //! [`Backend`].
 
+pub mod dead_letter;
 mod db;
 mod error;
 pub mod inbox;

@@ -47,6 +47,23 @@ pub struct Environment {
     _data_dir: Option<TempDir>,
 }
 
+impl Environment {
+    /// Starts the reference receiver in this process, keyed, with its ledger
+    /// in the data directory; returns its URL. The embedded default's provider.
+    pub async fn start_embedded_provider(&self, faults: herald_notify::sim::FaultSwitches) -> anyhow::Result<String> {
+        use herald_notify::sim::{self, Ledger, Mode, SimConfig};
+        let dir = self._data_dir.as_ref().context("no data directory")?;
+        let ledger = Ledger::open(&dir.path().join("provider-ledger.sqlite").display().to_string()).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let config = SimConfig { mode: Mode::Keyed, key_retention: std::time::Duration::from_secs(24 * 3600) };
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(sim::serve(listener, ledger, config, faults, shutdown));
+        info!(%url, "embedded keyed provider simulator");
+        Ok(url)
+    }
+}
+
 impl Backends {
     pub async fn resolve(&self) -> anyhow::Result<Environment> {
         let data_dir = tempfile::Builder::new().prefix("herald-").tempdir()?;

@@ -2,10 +2,17 @@
 //! the demo, exposed so end-to-end tests start exactly what users run.
 
 pub mod bench;
+pub mod cmd_consume;
+pub mod cmd_dlq;
+pub mod cmd_inbox;
+pub mod cmd_notify;
 pub mod cmd_outbox;
+pub mod cmd_provider_sim;
 pub mod cmd_relay;
 pub mod config;
 pub mod demo;
 pub mod lifecycle_args;
+pub mod notify_args;
 pub mod pipeline;
 pub mod signals;
+pub mod subscriptions;

@@ -44,6 +44,7 @@ impl LifecycleArgs {
             faults: faults_from_env()?,
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
+            dispatch: None,
         })
     }
 }

@@ -2,7 +2,8 @@
 
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
-use herald::{bench, cmd_outbox, cmd_relay, config, demo, pipeline};
+use herald::notify_args::{NotifyArgs, hook_from_env};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_relay, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -24,7 +25,7 @@ struct Cli {
 enum Command {
     /// Run the whole pipeline once on the embedded default and check it.
     Demo(demo::DemoArgs),
-    /// Run every role (API, relay, worker, search subscription) in one process.
+    /// Run every role (API, relay, worker, search/stats/notify subscriptions) in one process.
     Serve {
         #[command(flatten)]
         backends: Backends,
@@ -33,6 +34,8 @@ enum Command {
         listen: String,
         #[command(flatten)]
         lifecycle: LifecycleArgs,
+        #[command(flatten)]
+        notify: NotifyArgs,
     },
     /// Run export workers alone: attempts, the recovery scanner, orphan cleanup.
     Worker {
@@ -45,7 +48,24 @@ enum Command {
     Relay(cmd_relay::RelayArgs),
     /// Inspect the outbox and redrive rows the relay set aside.
     Outbox(cmd_outbox::OutboxArgs),
-    /// Measure Herald against baselines.
+    /// Run one subscription (search, stats or notify) alone.
+    Consume(cmd_consume::ConsumeArgs),
+    /// Run the notification dispatcher alone.
+    Dispatch {
+        #[command(flatten)]
+        backends: Backends,
+        #[command(flatten)]
+        notify: NotifyArgs,
+    },
+    /// Reconcile notifications whose outcome is unknown.
+    Notify(cmd_notify::NotifyCmdArgs),
+    /// A reference notification receiver with a durable ledger and fault switches.
+    ProviderSim(cmd_provider_sim::ProviderSimArgs),
+    /// Inspect and redrive dead letters.
+    Dlq(cmd_dlq::DlqArgs),
+    /// Inbox maintenance (retention).
+    Inbox(cmd_inbox::InboxArgs),
+    /// Benchmarks.
     Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
     Migrate {
@@ -90,13 +110,26 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen, lifecycle } => serve(backends, Roles::all(&listen), &lifecycle).await,
+        Command::Serve { backends, listen, lifecycle, notify } => serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify)).await,
         Command::Worker { backends, lifecycle } => {
-            let roles = Roles { api: None, relay: false, worker: true, search: false };
-            serve(backends, roles, &lifecycle).await
+            let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
+            serve(backends, roles, Some(&lifecycle), None).await
         }
         Command::Relay(args) => cmd_relay::run(args).await,
         Command::Outbox(args) => cmd_outbox::run(args).await,
+        Command::Dispatch { backends, notify } => {
+            if notify.notify_url.is_none() && backends.database.is_some() {
+                eprintln!("error: --notify-url (or HERALD_NOTIFY_URL) is required with a real database");
+                return Ok(ExitCode::from(2));
+            }
+            let roles = Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true };
+            serve(backends, roles, None, Some(&notify)).await
+        }
+        Command::Notify(args) => cmd_notify::run(args).await,
+        Command::ProviderSim(args) => cmd_provider_sim::run(args).await,
+        Command::Consume(args) => cmd_consume::run(args).await,
+        Command::Dlq(args) => cmd_dlq::run(args).await,
+        Command::Inbox(args) => cmd_inbox::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;
@@ -106,9 +139,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn serve(backends: Backends, roles: Roles, lifecycle: &LifecycleArgs) -> anyhow::Result<ExitCode> {
-    let options = lifecycle.options()?;
+async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArgs>, notify: Option<&NotifyArgs>) -> anyhow::Result<ExitCode> {
+    let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     let env = backends.resolve().await?;
+    if let (true, Some(notify)) = (roles.dispatcher, notify) {
+        let url = match &notify.notify_url {
+            Some(url) => url.clone(),
+            None => env.start_embedded_provider(Default::default()).await?,
+        };
+        let (client, config) = notify.dispatcher(&url)?;
+        options.dispatch = Some(pipeline::Dispatch { client, config, hook: hook_from_env() });
+    }
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
     if let Some(addr) = running.api_addr {
         println!("herald listening on http://{addr}");

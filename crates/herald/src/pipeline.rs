@@ -7,19 +7,22 @@ use std::time::Duration;
 
 use anyhow::Context;
 use herald_api::{AppState, Tokens};
-use herald_consumer::{InboxProcessor, Subscription};
+use herald_consumer::{Metrics, Options as ConsumerOptions, Subscription};
 use herald_export::artifact::ArtifactStore;
 use herald_export::faults::Faults;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
 use herald_kafka::Topics;
-use herald_projections::search::{self, SearchHandler};
+use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_notify::provider::ProviderClient;
 use herald_relay::{Relay, RelayConfig};
 use herald_store::Db;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
+
+use crate::subscriptions;
 
 /// What every role needs to reach.
 #[derive(Clone)]
@@ -42,12 +45,15 @@ pub struct Roles {
     pub relay: bool,
     /// Export worker plus its recovery scanner and orphan cleanup.
     pub worker: bool,
-    pub search: bool,
+    /// The search, stats and notify subscriptions.
+    pub subscriptions: bool,
+    /// The notification dispatcher; needs `Options::dispatch`.
+    pub dispatcher: bool,
 }
 
 impl Roles {
     pub fn all(listen: &str) -> Roles {
-        Roles { api: Some(listen.to_owned()), relay: true, worker: true, search: true }
+        Roles { api: Some(listen.to_owned()), relay: true, worker: true, subscriptions: true, dispatcher: true }
     }
 }
 
@@ -61,6 +67,16 @@ pub struct Options {
     pub scan_interval: Duration,
     /// Age before an unselectable candidate artifact is removed.
     pub orphan_grace: Duration,
+    /// The notification provider, for the dispatcher role.
+    pub dispatch: Option<Dispatch>,
+}
+
+/// What the dispatcher role needs.
+#[derive(Debug, Clone)]
+pub struct Dispatch {
+    pub client: ProviderClient,
+    pub config: DispatcherConfig,
+    pub hook: AfterResponseHook,
 }
 
 impl Default for Options {
@@ -71,6 +87,7 @@ impl Default for Options {
             faults: Faults::none(),
             scan_interval: Duration::from_secs(1),
             orphan_grace: Duration::from_secs(600),
+            dispatch: None,
         }
     }
 }
@@ -115,7 +132,8 @@ impl Running {
     }
 }
 
-/// Starts API, relay, export worker and search subscription.
+/// Starts API, relay, export worker and the search, stats and notify
+/// subscriptions.
 pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
     start_roles(wiring, Roles::all(listen), Options::default()).await
 }
@@ -138,8 +156,19 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     if roles.worker {
         spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
     }
-    if roles.search {
-        tasks.spawn(search_subscription(wiring, shutdown.clone()));
+    if roles.subscriptions {
+        for name in subscriptions::Name::ALL {
+            tasks.spawn(subscription(name, wiring.clone(), shutdown.clone()));
+        }
+    }
+    if roles.dispatcher {
+        let dispatch = options.dispatch.clone().context("the dispatcher role needs a notification provider")?;
+        let dispatcher = Dispatcher::new(wiring.db.clone(), dispatch.client, dispatch.config, dispatch.hook);
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            dispatcher.run(shutdown).await;
+            Ok(())
+        });
     }
     Ok(Running { api_addr, shutdown, tasks })
 }
@@ -181,9 +210,10 @@ fn spawn_worker_roles(
     });
 }
 
-async fn search_subscription(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let subscription = Subscription::new(search::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&wiring.topics.events]);
-    let processor = InboxProcessor::new(wiring.db, search::SUBSCRIPTION, SearchHandler);
-    herald_consumer::run(&subscription, &processor, shutdown).await?;
+/// One subscription of the events topic; each is its own consumer group, so
+/// a slow or stopped one holds none of the others back.
+async fn subscription(name: subscriptions::Name, wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+    subscriptions::run(name, &wiring.db, &sub, &ConsumerOptions::default(), &Metrics::default(), shutdown).await?;
     Ok(())
 }

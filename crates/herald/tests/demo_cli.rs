@@ -19,6 +19,9 @@ fn demo_json_reports_every_check_passed() {
     assert_eq!(report["duplicate_effects"], 0);
     assert_eq!(report["repeated_requests"], 3);
     assert_eq!(report["jobs_created"], 30, "repeated requests created no jobs");
+    assert_eq!(report["notifications_sent"], 30);
+    assert_eq!(report["provider_effects"], 30, "keyed provider: effects = intents, despite the lost ACK");
+    assert_eq!(report["provider_requests"], 31, "the lost ACK was retried once");
     let checks = report["checks"].as_array().expect("checks");
     assert!(checks.len() >= 10);
     assert!(checks.iter().all(|c| c["ok"] == true && c["name"].is_string() && c["detail"].is_string()));

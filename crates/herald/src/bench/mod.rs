@@ -1,7 +1,14 @@
-//! `herald bench …`: measurements that are run by hand, not tests. Each
-//! prints one table from one run (or one JSON object with `--json`).
+//! `herald bench …`: measurements run by hand, not tests. Each prints one
+//! table from one run (or one JSON object with `--json`).
+//!
+//! - `relay`: outbox → Kafka against a raw producer and a naive relay.
+//! - [`consume`]: the search subscription against raw consume and raw
+//!   batched insert rates of the same records and rows.
+//! - [`workload`]: the records they (and tests) publish.
 
+pub mod consume;
 mod relay;
+pub mod workload;
 
 use std::process::ExitCode;
 
@@ -10,17 +17,20 @@ use clap::{Args, Subcommand};
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     #[command(subcommand)]
-    pub what: BenchWhat,
+    pub command: BenchCommand,
 }
 
 #[derive(Debug, Clone, Subcommand)]
-pub enum BenchWhat {
+pub enum BenchCommand {
     /// Outbox → Kafka: a raw producer, a naive relay and Herald's relay.
     Relay(relay::RelayBenchArgs),
+    /// Events/s into the search projection with inbox, vs raw consume and raw insert.
+    Consume(consume::ConsumeBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    match args.what {
-        BenchWhat::Relay(args) => relay::run(args).await,
+    match args.command {
+        BenchCommand::Relay(args) => relay::run(args).await,
+        BenchCommand::Consume(args) => consume::run(args).await,
     }
 }

@@ -2,6 +2,7 @@
 //! report of what happened, checked. Exit status 1 when a check fails.
 
 mod client;
+mod notify;
 mod report;
 mod takeover;
 
@@ -15,7 +16,12 @@ use serde_json::json;
 use crate::config::Backends;
 use herald_export::LeasePolicy;
 
-use crate::pipeline::{self, Options, Roles};
+use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
+use herald_notify::provider::{Capabilities, ProviderClient};
+use herald_notify::rules::RetryPolicy;
+use herald_notify::sim::FaultSwitches;
+
+use crate::pipeline::{self, Dispatch, Options, Roles};
 use client::DemoClient;
 use report::{Check, Counts};
 
@@ -51,17 +57,29 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let env = backends.resolve().await?;
     let token = env.default_token.clone().unwrap_or_default();
+    // The receiver loses the answer to one call after committing it: the
+    // dispatcher times out, retries with the same key, and the keyed receiver
+    // replays instead of executing twice.
+    let provider_url = env.start_embedded_provider(FaultSwitches { drop_responses: 1, ..FaultSwitches::default() }).await?;
+    let notify_client = ProviderClient::new(&provider_url, Duration::from_secs(1))?;
+    let notify_config = DispatcherConfig {
+        idle_wait: Duration::from_millis(20),
+        lease: Duration::from_secs(3),
+        policy: RetryPolicy { base_backoff: Duration::from_millis(100), ..RetryPolicy::default() },
+        ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
+    };
     let options = Options {
         policy: LeasePolicy { lease: Duration::from_secs(1), ..LeasePolicy::default() },
         scan_interval: Duration::from_millis(200),
+        dispatch: Some(Dispatch { client: notify_client, config: notify_config, hook: AfterResponseHook::default() }),
         ..Options::default()
     };
-    let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, search: true };
+    let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, subscriptions: true, dispatcher: true };
     let running = pipeline::start_roles(env.wiring.clone(), core_roles, options.clone()).await?;
     let (hooks, mut hung_rx) = takeover::hang_first_attempt(2);
     let mut workers = Vec::new();
     for faults in hooks {
-        let worker_roles = Roles { api: None, relay: false, worker: true, search: false };
+        let worker_roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
         workers.push(Some(pipeline::start_roles(env.wiring.clone(), worker_roles, Options { faults, ..options.clone() }).await?));
     }
     let client = DemoClient::new(running.api_addr.context("demo runs the API")?, token);
@@ -83,6 +101,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     checks.extend(counts.checks(args.exports as i64));
     checks.push(client.search_check(&intake).await?);
     checks.push(takeover::check(&env.wiring.db, &hung, timeout).await?);
+    let notified = notify::gather(&env.wiring.db, &provider_url, args.exports as i64, timeout).await?;
+    checks.extend(notified.checks(args.exports as i64));
     for worker in workers.into_iter().flatten() {
         worker.stop().await?;
     }
@@ -91,11 +111,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let ok = checks.iter().all(|c| c.ok);
     if args.json {
         let mut out = json!({"ok": ok, "checks": checks, "repeated_requests": intake.repeated});
-        if let (Some(map), serde_json::Value::Object(counts)) = (out.as_object_mut(), serde_json::to_value(&counts)?) {
-            map.extend(counts);
+        for extra in [serde_json::to_value(&counts)?, serde_json::to_value(&notified)?] {
+            if let (Some(map), serde_json::Value::Object(fields)) = (out.as_object_mut(), extra) {
+                map.extend(fields);
+            }
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
+        println!("notifications: {} intents, {} sent, {} provider effects\n", notified.notification_intents, notified.notifications_sent, notified.provider_effects);
         report::print_table(&checks, &counts, intake.repeated);
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -1,0 +1,278 @@
+//! Applying one batch of records: one transaction inserts the inbox rows and
+//! applies the handler to the events seen for the first time. A permanent
+//! failure splits the batch into one transaction per record so that only the
+//! culprit is retried (boundedly) and then dead-lettered; a retryable failure
+//! pauses the subscription and retries, and never dead-letters.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use herald_envelope::{DecodedEvent, decode_any};
+use herald_store::dead_letter::{self, NewDeadLetter};
+use herald_store::inbox::{self, Delivery, Entry};
+use herald_store::{Db, StoreError};
+use rdkafka::message::{Headers, Message, OwnedMessage};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, warn};
+
+use crate::metrics::Metrics;
+use crate::{Handler, HandlerError, Options};
+
+/// A record as the subscription sees it before touching the database.
+enum Parsed {
+    Event(DecodedEvent),
+    /// An event of a type the handler does not apply.
+    Skip,
+    /// Not decodable: permanent, retrying the same bytes gives the same answer.
+    Poison(String),
+}
+
+#[derive(Default)]
+struct Counts {
+    applied: u64,
+    duplicates: u64,
+    skipped: u64,
+    dead: u64,
+}
+
+pub(crate) struct Applier<'a, H> {
+    pub db: &'a Db,
+    pub subscription: &'a str,
+    pub handler: &'a H,
+    pub options: &'a Options,
+    pub metrics: &'a Metrics,
+}
+
+impl<H: Handler> Applier<'_, H> {
+    /// Applies `batch` until it settled. `false`: shutdown interrupted a
+    /// retry, nothing of the batch may be acknowledged.
+    pub async fn apply(&self, batch: &[OwnedMessage], shutdown: &CancellationToken) -> bool {
+        let parsed: Vec<Parsed> = batch.iter().map(|m| self.parse(m)).collect();
+        let mut backoff = Backoff::new();
+        loop {
+            match self.try_batch(batch, &parsed).await {
+                Ok(counts) => {
+                    self.count(&counts);
+                    return true;
+                }
+                Err(HandlerError::Retryable(reason)) => {
+                    warn!(subscription = self.subscription, %reason, "batch failed, retryable; pausing");
+                    Metrics::add(&self.metrics.retries, 1);
+                    if !backoff.wait(shutdown).await {
+                        return false;
+                    }
+                }
+                Err(HandlerError::Reject(reason)) => {
+                    warn!(subscription = self.subscription, %reason, records = batch.len(), "batch rejected; applying its records one by one");
+                    return self.one_by_one(batch, &parsed, shutdown).await;
+                }
+            }
+        }
+    }
+
+    fn parse(&self, msg: &OwnedMessage) -> Parsed {
+        match decode_any(msg) {
+            Ok(event) if self.handler.handles(&event.event_type) => Parsed::Event(event),
+            Ok(_) => Parsed::Skip,
+            Err(e) => Parsed::Poison(e.to_string()),
+        }
+    }
+
+    fn count(&self, c: &Counts) {
+        let m = self.metrics;
+        Metrics::add(&m.applied, c.applied);
+        Metrics::add(&m.duplicates, c.duplicates);
+        Metrics::add(&m.skipped, c.skipped);
+        Metrics::add(&m.dead_lettered, c.dead);
+        Metrics::add(&m.batches, 1);
+    }
+
+    async fn try_batch(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
+        let mut counts = Counts::default();
+        let mut seen = HashSet::new();
+        let mut entries = Vec::new();
+        let mut candidates = Vec::new();
+        for (msg, p) in batch.iter().zip(parsed) {
+            match p {
+                Parsed::Event(event) if seen.insert(&event.key) => {
+                    entries.push(Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) });
+                    candidates.push(event);
+                }
+                // The same fact twice in one batch (e.g. both envelopes).
+                Parsed::Event(_) => counts.duplicates += 1,
+                Parsed::Skip => counts.skipped += 1,
+                Parsed::Poison(_) => {}
+            }
+        }
+        let mut tx = self.db.begin().await?;
+        let first = inbox::claim_batch(&mut tx, self.subscription, &entries).await?;
+        let new: Vec<&DecodedEvent> = candidates.iter().copied().filter(|e| first.contains(&e.key)).collect();
+        self.handler.apply_batch(&mut tx, &new).await?;
+        for (msg, p) in batch.iter().zip(parsed) {
+            if let Parsed::Poison(reason) = p {
+                dead_letter::insert(&mut tx, &letter(self.subscription, msg, None, reason, 1)).await?;
+                log_dead(self.subscription, msg, reason, 1);
+                counts.dead += 1;
+            }
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        counts.applied = new.len() as u64;
+        counts.duplicates += (candidates.len() - new.len()) as u64;
+        Ok(counts)
+    }
+
+    async fn one_by_one(&self, batch: &[OwnedMessage], parsed: &[Parsed], shutdown: &CancellationToken) -> bool {
+        let mut counts = Counts::default();
+        for (msg, p) in batch.iter().zip(parsed) {
+            let settled = match p {
+                Parsed::Skip => {
+                    counts.skipped += 1;
+                    true
+                }
+                Parsed::Poison(reason) => self.set_aside(msg, None, reason, 1, &mut counts, shutdown).await,
+                Parsed::Event(event) => self.apply_single(msg, event, &mut counts, shutdown).await,
+            };
+            if !settled {
+                // Records applied so far are in the database; their offsets are
+                // not stored, so they are redelivered and absorbed by the inbox.
+                return false;
+            }
+        }
+        self.count(&counts);
+        true
+    }
+
+    /// One record in its own transaction; a rejection is retried up to
+    /// `max_attempts` times, then the record is dead-lettered.
+    async fn apply_single(&self, msg: &OwnedMessage, event: &DecodedEvent, counts: &mut Counts, shutdown: &CancellationToken) -> bool {
+        let mut rejections = 0;
+        let mut backoff = Backoff::new();
+        loop {
+            match self.try_single(msg, event).await {
+                Ok(true) => counts.applied += 1,
+                Ok(false) => counts.duplicates += 1,
+                Err(HandlerError::Retryable(reason)) => {
+                    warn!(subscription = self.subscription, id = %event.key.id, %reason, "record failed, retryable; pausing");
+                    Metrics::add(&self.metrics.retries, 1);
+                    if !backoff.wait(shutdown).await {
+                        return false;
+                    }
+                    continue;
+                }
+                Err(HandlerError::Reject(reason)) => {
+                    rejections += 1;
+                    if rejections < self.options.max_attempts {
+                        tokio::time::sleep(Duration::from_millis(20 * u64::from(rejections))).await;
+                        continue;
+                    }
+                    return self.set_aside(msg, Some(event), &reason, rejections, counts, shutdown).await;
+                }
+            }
+            return true;
+        }
+    }
+
+    async fn try_single(&self, msg: &OwnedMessage, event: &DecodedEvent) -> Result<bool, HandlerError> {
+        let mut tx = self.db.begin().await?;
+        let entry = Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) };
+        let first = !inbox::claim_batch(&mut tx, self.subscription, &[entry]).await?.is_empty();
+        if first {
+            self.handler.apply_batch(&mut tx, &[event]).await?;
+        }
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(first)
+    }
+
+    /// Writes the dead letter, retrying until the database takes it: the
+    /// partition may move past a record only once the record is kept.
+    async fn set_aside(
+        &self,
+        msg: &OwnedMessage,
+        event: Option<&DecodedEvent>,
+        reason: &str,
+        attempts: u32,
+        counts: &mut Counts,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let mut backoff = Backoff::new();
+        loop {
+            let stored = async {
+                let mut tx = self.db.begin().await?;
+                dead_letter::insert(&mut tx, &letter(self.subscription, msg, event, reason, attempts)).await?;
+                tx.commit().await?;
+                Ok::<(), StoreError>(())
+            }
+            .await;
+            match stored {
+                Ok(()) => {
+                    log_dead(self.subscription, msg, reason, attempts);
+                    counts.dead += 1;
+                    return true;
+                }
+                Err(e) => {
+                    error!(subscription = self.subscription, error = %e, "cannot store dead letter; pausing");
+                    Metrics::add(&self.metrics.retries, 1);
+                    if !backoff.wait(shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn delivery(msg: &OwnedMessage) -> Delivery<'_> {
+    Delivery { topic: msg.topic(), partition: msg.partition(), offset: msg.offset() }
+}
+
+fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
+    msg.headers()
+        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
+        .unwrap_or_default()
+}
+
+fn letter<'a>(
+    subscription: &'a str,
+    msg: &'a OwnedMessage,
+    event: Option<&'a DecodedEvent>,
+    reason: &'a str,
+    attempts: u32,
+) -> NewDeadLetter<'a> {
+    NewDeadLetter {
+        subscription,
+        key: event.map(|e| &e.key),
+        event_type: event.map(|e| e.event_type.as_str()),
+        topic: msg.topic(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        record_key: msg.key(),
+        headers: headers_of(msg),
+        value: msg.payload(),
+        error: reason,
+        attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
+    }
+}
+
+fn log_dead(subscription: &str, msg: &OwnedMessage, reason: &str, attempts: u32) {
+    error!(subscription, topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempts, %reason,
+        "record dead-lettered; partition moves on");
+}
+
+/// Exponential backoff of retryable failures, cut short by shutdown.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff(Duration::from_millis(100))
+    }
+
+    /// `false` if shutdown came first.
+    async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+        let delay = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(10));
+        tokio::select! {
+            _ = shutdown.cancelled() => false,
+            _ = tokio::time::sleep(delay) => true,
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Redrive: a dead letter goes through the same decode, inbox and handler as
+//! live records, in one transaction that also marks it redriven. A fact the
+//! inbox has already applied (redriven before, or redelivered and applied
+//! meanwhile) is not applied again.
+
+use herald_envelope::decode_any;
+use herald_store::dead_letter::{self, DeadLetter};
+use herald_store::inbox::{self, Delivery, Entry};
+use herald_store::{Db, StoreError};
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+
+use crate::{Handler, HandlerError};
+
+/// What a redrive did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redriven {
+    /// The effect was applied now.
+    Applied,
+    /// The inbox had already applied this fact; nothing applied now.
+    AlreadyApplied,
+    /// The handler does not handle this event type; marked redriven.
+    NotHandled,
+    /// Still failing; the letter stays dead with this reason.
+    Failed(String),
+    /// Not dead any more (already redriven).
+    NotDead,
+}
+
+/// The dead letter's record, rebuilt as it was read from Kafka.
+pub fn record_of(letter: &DeadLetter) -> OwnedMessage {
+    let mut headers = OwnedHeaders::new_with_capacity(letter.headers.len());
+    for (key, value) in &letter.headers {
+        headers = headers.insert(Header { key, value: value.as_deref() });
+    }
+    OwnedMessage::new(
+        letter.value.clone(),
+        letter.record_key.clone(),
+        letter.topic.clone(),
+        Timestamp::NotAvailable,
+        letter.partition,
+        letter.offset,
+        Some(headers),
+    )
+}
+
+/// Redrives one dead letter of `handler`'s subscription.
+pub async fn redrive<H: Handler>(db: &Db, handler: &H, letter: &DeadLetter) -> Result<Redriven, StoreError> {
+    if letter.status != dead_letter::DEAD {
+        return Ok(Redriven::NotDead);
+    }
+    let record = record_of(letter);
+    let event = match decode_any(&record) {
+        Ok(event) => event,
+        Err(e) => return failed(db, letter, e.to_string()).await,
+    };
+    let outcome = async {
+        let mut tx = db.begin().await?;
+        if !dead_letter::mark_redriven(&mut tx, letter.id).await? {
+            return Ok(Redriven::NotDead);
+        }
+        let outcome = if !handler.handles(&event.event_type) {
+            Redriven::NotHandled
+        } else {
+            let delivery = Delivery { topic: &letter.topic, partition: letter.partition, offset: letter.offset };
+            let entry = Entry { key: &event.key, event_type: &event.event_type, delivery };
+            if inbox::claim_batch(&mut tx, &letter.subscription, &[entry]).await?.is_empty() {
+                Redriven::AlreadyApplied
+            } else {
+                handler.apply_batch(&mut tx, &[&event]).await?;
+                Redriven::Applied
+            }
+        };
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok::<_, HandlerError>(outcome)
+    }
+    .await;
+    match outcome {
+        Ok(done) => Ok(done),
+        Err(HandlerError::Reject(reason)) => failed(db, letter, reason).await,
+        Err(HandlerError::Retryable(reason)) => Ok(Redriven::Failed(format!("retryable, try again: {reason}"))),
+    }
+}
+
+async fn failed(db: &Db, letter: &DeadLetter, reason: String) -> Result<Redriven, StoreError> {
+    dead_letter::record_failed_redrive(db, letter.id, &reason).await?;
+    Ok(Redriven::Failed(reason))
+}

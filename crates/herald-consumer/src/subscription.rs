@@ -1,0 +1,168 @@
+//! The batching subscription runtime: one consumer group per subscription,
+//! many records per database transaction, offsets stored only after that
+//! transaction committed (librdkafka commits stored offsets in the background
+//! and synchronously before partitions are revoked or the consumer stops).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_envelope::legacy::SOURCE_ALIASES;
+use herald_store::{Db, inbox};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::types::RDKafkaErrorCode;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::batch::Applier;
+use crate::context::SubscriptionContext;
+use crate::metrics::{Metrics, Snapshot};
+use crate::{Handler, RunError, Subscription};
+
+/// Called with the batch number after a batch's transaction committed and
+/// before its offsets are stored: the window a crash test aims at.
+pub type AfterCommit = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Tuning of a subscription.
+#[derive(Clone)]
+pub struct Options {
+    /// Most records per transaction.
+    pub max_batch: usize,
+    /// How long to keep collecting after the first record of a batch.
+    pub max_wait: Duration,
+    /// Attempts of a record the handler rejects before it is dead-lettered.
+    pub max_attempts: u32,
+    /// Fault-injection point; `None` in production.
+    pub after_commit: Option<AfterCommit>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { max_batch: 1000, max_wait: Duration::from_millis(20), max_attempts: 3, after_commit: None }
+    }
+}
+
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Options")
+            .field("max_batch", &self.max_batch)
+            .field("max_wait", &self.max_wait)
+            .field("max_attempts", &self.max_attempts)
+            .field("after_commit", &self.after_commit.is_some())
+            .finish()
+    }
+}
+
+/// Runs `handler` as `subscription` until `shutdown`; the batch in flight is
+/// finished and its offsets committed before returning.
+pub async fn run_subscription<H: Handler>(
+    subscription: &Subscription,
+    db: &Db,
+    handler: &H,
+    options: &Options,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> Result<Snapshot, RunError> {
+    let rewritten = inbox::normalise_legacy_sources(db, &subscription.name, SOURCE_ALIASES).await?;
+    if rewritten > 0 {
+        info!(subscription = %subscription.name, rewritten, "inbox rows of legacy sources normalised");
+    }
+    let consumer: StreamConsumer<SubscriptionContext> =
+        herald_kafka::consumer_config(&subscription.brokers, &subscription.group)
+            .create_with_context(SubscriptionContext::new(&subscription.name, metrics.assigned.clone()))?;
+    let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    info!(subscription = %subscription.name, group = %subscription.group, ?topics, "subscription started");
+    let applier = Applier { db, subscription: &subscription.name, handler, options, metrics };
+    let mut committed = 0u64;
+    while let Some(batch) = collect(&consumer, options, &shutdown).await {
+        if batch.is_empty() {
+            continue;
+        }
+        if !applier.apply(&batch, &shutdown).await {
+            break;
+        }
+        committed += 1;
+        if let Some(hook) = &options.after_commit {
+            hook(committed).await;
+        }
+        store_offsets(&consumer, &subscription.name, &batch);
+    }
+    // Commit what was stored before leaving the group, so a clean stop
+    // redelivers nothing.
+    match consumer.commit_consumer_state(CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => warn!(subscription = %subscription.name, error = %e, "final offset commit failed; records will be redelivered"),
+    }
+    let snapshot = metrics.snapshot();
+    info!(subscription = %subscription.name, ?snapshot, "subscription stopped");
+    Ok(snapshot)
+}
+
+/// Receives up to `max_batch` records, waiting at most `max_wait` after the
+/// first. `None` on shutdown.
+///
+/// A rebalance can only run inside `recv()`. When one revoked partitions,
+/// the records of those partitions received *before* it are dropped: they
+/// were not applied, and whoever owns the partition now (maybe this process
+/// again) receives them again from the committed offset. Records received
+/// after it are kept — they come from the new assignment.
+async fn collect(
+    consumer: &StreamConsumer<SubscriptionContext>,
+    options: &Options,
+    shutdown: &CancellationToken,
+) -> Option<Vec<OwnedMessage>> {
+    let first = tokio::select! {
+        _ = shutdown.cancelled() => return None,
+        msg = consumer.recv() => msg,
+    };
+    consumer.context().take_revoked();
+    let mut batch = Vec::with_capacity(options.max_batch);
+    match first {
+        Ok(msg) => batch.push(msg.detach()),
+        Err(e) => {
+            warn!(error = %e, "kafka receive error");
+            return Some(batch);
+        }
+    }
+    let deadline = Instant::now() + options.max_wait;
+    while batch.len() < options.max_batch {
+        let received = tokio::time::timeout_at(deadline, consumer.recv()).await;
+        let revoked = consumer.context().take_revoked();
+        if !revoked.is_empty() {
+            batch.retain(|m| !revoked.contains(&(m.topic().to_owned(), m.partition())));
+        }
+        match received {
+            Ok(Ok(msg)) => batch.push(msg.detach()),
+            Ok(Err(e)) => {
+                warn!(error = %e, "kafka receive error");
+                break;
+            }
+            Err(_elapsed) => break,
+        }
+    }
+    Some(batch)
+}
+
+/// Stores, per partition, the offset after the batch's last record.
+fn store_offsets(consumer: &StreamConsumer<SubscriptionContext>, subscription: &str, batch: &[OwnedMessage]) {
+    let mut last: HashMap<(&str, i32), i64> = HashMap::new();
+    for msg in batch {
+        let entry = last.entry((msg.topic(), msg.partition())).or_insert(msg.offset());
+        *entry = (*entry).max(msg.offset());
+    }
+    for ((topic, partition), offset) in last {
+        // rd_kafka_offset_store stores offset + 1, the next record to read.
+        if let Err(e) = consumer.store_offset(topic, partition, offset) {
+            // Only when the partition was lost without a rebalance callback
+            // (e.g. max.poll.interval exceeded): its next owner redelivers
+            // and the inbox absorbs what this batch applied.
+            warn!(subscription, topic, partition, offset, error = %e, "offset not stored");
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Notification intents: one per (event, recipient), status `pending`, keyed
+//! by an idempotency key derived from the event's identity and the recipient.
+//!
+//! Two guards stand between a redelivered completion and a second intent:
+//! the `notify` inbox (the effect is applied once per (`source`, `id`)) and
+//! the intent's own key (`ON CONFLICT DO NOTHING`), which also holds for a
+//! fact that reaches this table by another path, e.g. a redrive.
+
+use herald_consumer::{Handler, HandlerError};
+use herald_envelope::{DecodedEvent, EventData, EventKey, ExportCompleted};
+use herald_store::{Db, StoreError, Tx, now_ms};
+use sha2::{Digest, Sha256};
+use sqlx::Row;
+
+/// Subscription name, and so consumer group `herald.notify`.
+pub const SUBSCRIPTION: &str = "notify";
+/// Intent status until a dispatcher claims it.
+pub const PENDING: &str = "pending";
+/// Kind of notification a completion creates.
+pub const KIND_EXPORT_COMPLETED: &str = "export.completed";
+
+/// Creates intents from `herald.export.completed`; the recipient is the
+/// caller who requested the export.
+#[derive(Debug, Clone, Default)]
+pub struct NotifyHandler;
+
+/// The intent's idempotency key: the same event and recipient give the same
+/// key in every process and on every delivery, so the provider can collapse
+/// retries of the same notification.
+pub fn idempotency_key(event: &EventKey, recipient: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [event.source.as_str(), event.id.as_str(), recipient] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    let digest: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    format!("ntf_{}", &digest[..32])
+}
+
+impl Handler for NotifyHandler {
+    fn handles(&self, event_type: &str) -> bool {
+        event_type == ExportCompleted::EVENT_TYPE
+    }
+
+    async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
+        self.apply_batch(tx, &[event]).await
+    }
+
+    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
+        let mut rows = Vec::with_capacity(events.len());
+        for event in events {
+            let data: ExportCompleted = event.data_as()?;
+            rows.push((*event, data));
+        }
+        insert(tx, &rows).await?;
+        Ok(())
+    }
+}
+
+async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> Result<(), StoreError> {
+    let now = now_ms();
+    for chunk in rows.chunks(500) {
+        let values: Vec<String> =
+            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
+        let sql = format!(
+            "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, \
+             status, created_at_ms, updated_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+            values.join(", ")
+        );
+        let mut query = sqlx::query(&sql);
+        for (event, data) in chunk {
+            let recipient = &data.caller;
+            let body = serde_json::json!({
+                "job_id": data.job_id, "format": data.format, "query": data.query,
+                "result_id": data.result_id, "size_bytes": data.size_bytes,
+            });
+            query = query
+                .bind(idempotency_key(&event.key, recipient))
+                .bind(&event.key.source)
+                .bind(&event.key.id)
+                .bind(recipient)
+                .bind(KIND_EXPORT_COMPLETED)
+                .bind(&data.job_id)
+                .bind(body.to_string())
+                .bind(PENDING)
+                .bind(now)
+                .bind(now);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Intents in `status`, for reports and tests.
+pub async fn count(db: &Db, status: &str) -> Result<i64, StoreError> {
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM notification_intents WHERE status = $1")
+        .bind(status)
+        .fetch_one(db.pool())
+        .await?;
+    Ok(row.try_get("n")?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_is_stable_and_separates_its_parts() {
+        let e = EventKey { source: "/herald/exports".into(), id: "1".into() };
+        assert_eq!(idempotency_key(&e, "alice"), idempotency_key(&e.clone(), "alice"));
+        assert_ne!(idempotency_key(&e, "alice"), idempotency_key(&e, "bob"));
+        let shifted = EventKey { source: "/herald/exports1".into(), id: String::new() };
+        assert_ne!(idempotency_key(&e, "alice"), idempotency_key(&shifted, "alice"));
+        assert!(idempotency_key(&e, "alice").starts_with("ntf_"));
+    }
+}

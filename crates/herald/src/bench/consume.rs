@@ -1,0 +1,249 @@
+//! `herald bench consume`: how fast the search subscription turns records
+//! into inbox rows + documents on PostgreSQL, next to the two ceilings it sits
+//! between — receiving the same records from Kafka and nothing else, and
+//! inserting the same rows in the same batches and nothing else.
+//!
+//! All three run on the in-process mock cluster (a real broker on these
+//! machines would be the bottleneck, see DESIGN.md) and on a scratch database
+//! created on the given PostgreSQL server and dropped afterwards. Rates are
+//! timed from the first record received (or first batch committed) to the
+//! last, so the consumer-group join is not counted against anyone.
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use herald_consumer::{Metrics, Options, Subscription};
+use herald_envelope::OutboxEvent;
+use herald_kafka::{EmbeddedKafka, Topics};
+use herald_projections::search::{self, SearchHandler};
+use herald_store::{Db, inbox, now_ms};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use serde_json::json;
+use sqlx::{Connection, Executor, PgConnection};
+use tokio_util::sync::CancellationToken;
+
+use super::workload;
+
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeBenchArgs {
+    /// Events to publish and consume.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1000..=5_000_000))]
+    pub events: u32,
+    /// PostgreSQL server URL; a scratch database is created on it and dropped.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
+    pub partitions: i32,
+    /// Records per transaction.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch: u32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Events/s the issue asks of the search subscription on a 2-core machine.
+const TARGET_EPS: f64 = 20_000.0;
+
+pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(url) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
+        eprintln!("error: --database (or HERALD_DATABASE_URL) must name a PostgreSQL server (postgres://…)");
+        return Ok(ExitCode::from(2));
+    };
+    let scratch = ScratchDb::create(&url).await?;
+    let result = measure(&args, &scratch.url).await;
+    scratch.drop_db().await;
+    let r = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&r.to_json(&args))?);
+    } else {
+        r.print(&args);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Rates {
+    raw_consume_eps: f64,
+    raw_insert_eps: f64,
+    consume_eps: f64,
+    publish_eps: f64,
+}
+
+async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
+    let n = args.events as usize;
+    let db = Db::connect_and_migrate(url).await?;
+    let run_id = uuid::Uuid::now_v7().simple().to_string();
+    let topics = Topics::with_prefix(&format!("bench-{}", &run_id[24..]));
+    let kafka = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
+    let brokers = kafka.bootstrap_servers().to_owned();
+    let events = workload::completions(&topics.events, &run_id[24..], n)?;
+
+    let started = Instant::now();
+    workload::publish(&workload::producer(&brokers)?, &events).await?;
+    let publish_eps = n as f64 / started.elapsed().as_secs_f64();
+
+    let raw_consume_eps = raw_consume(&brokers, &topics.events, n).await?;
+    let raw_insert_eps = raw_insert(&db, &events, args.batch as usize).await?;
+    let consume_eps = herald_consume(&db, &brokers, &topics.events, n, args.batch as usize).await?;
+    db.close().await;
+    drop(kafka);
+    Ok(Rates { raw_consume_eps, raw_insert_eps, consume_eps, publish_eps })
+}
+
+/// Receives `n` records with Herald's consumer settings and does nothing else.
+async fn raw_consume(brokers: &str, topic: &str, n: usize) -> anyhow::Result<f64> {
+    let consumer: StreamConsumer = herald_kafka::consumer_config(brokers, &format!("bench-raw-{}", uuid::Uuid::new_v4())).create()?;
+    consumer.subscribe(&[topic])?;
+    let mut first = None;
+    for _ in 0..n {
+        let msg = tokio::time::timeout(Duration::from_secs(60), consumer.recv()).await.context("raw consume stalled")??;
+        let owned = msg.detach();
+        first.get_or_insert_with(Instant::now);
+        drop(owned);
+    }
+    let elapsed = first.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok((n - 1) as f64 / elapsed.as_secs_f64())
+}
+
+/// Inserts, per event, the rows Herald writes (an inbox row and a search
+/// document) with plain multi-row INSERTs, `batch` events per transaction.
+async fn raw_insert(db: &Db, events: &[OutboxEvent], batch: usize) -> anyhow::Result<f64> {
+    let docs: Vec<_> = (0..events.len()).map(|i| workload::completion("raw", i)).collect();
+    let started = Instant::now();
+    for (chunk_events, chunk_docs) in events.chunks(batch).zip(docs.chunks(batch)) {
+        let mut tx = db.begin().await?;
+        for (evs, ds) in chunk_events.chunks(500).zip(chunk_docs.chunks(500)) {
+            let rows = |width: usize| -> String {
+                (0..evs.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * width + 1, width))).collect::<Vec<_>>().join(", ")
+            };
+            let sql = format!(
+                "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) VALUES {}",
+                rows(8)
+            );
+            let mut q = sqlx::query(&sql);
+            for (i, e) in evs.iter().enumerate() {
+                q = q.bind("bench-raw").bind(&e.source).bind(&e.id).bind(&e.event_type).bind(&e.topic).bind(0i32).bind(i as i64).bind(now_ms());
+            }
+            q.execute(&mut *tx).await?;
+            let sql = format!(
+                "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version) VALUES {}",
+                rows(9)
+            );
+            let mut q = sqlx::query(&sql);
+            for d in ds {
+                q = q.bind(999_i64).bind(&d.job_id).bind(&d.caller).bind(&d.format).bind(&d.query).bind(&d.result_id).bind(d.size_bytes).bind(d.completed_at_ms).bind(d.version);
+            }
+            q.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+    }
+    Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The search subscription itself, until its inbox holds all `n` events.
+async fn herald_consume(db: &Db, brokers: &str, topic: &str, n: usize, batch: usize) -> anyhow::Result<f64> {
+    let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), brokers, &[topic]);
+    let metrics = Arc::new(Metrics::default());
+    // (time, events applied) at the first commit, and time of the last.
+    let marks: Arc<Mutex<Option<(Instant, u64, Instant)>>> = Arc::default();
+    let done = CancellationToken::new();
+    let hook = {
+        let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
+        Arc::new(move |_batch: u64| {
+            let applied = metrics.snapshot().applied;
+            let now = Instant::now();
+            let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
+            let first = m.map_or((now, applied), |(t, a, _)| (t, a));
+            *m = Some((first.0, first.1, now));
+            if applied >= n as u64 {
+                done.cancel();
+            }
+            Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        })
+    };
+    let options = Options { max_batch: batch, after_commit: Some(hook), ..Options::default() };
+    let runner = herald_consume_until(db, &sub, &options, &metrics, done.clone());
+    tokio::time::timeout(Duration::from_secs(600), runner).await.context("search subscription did not finish in 10 min")??;
+    let applied = inbox::count(db, search::SUBSCRIPTION).await?;
+    anyhow::ensure!(applied == n as i64, "inbox holds {applied} events, expected {n}");
+    let docs = search::count_active(db).await?;
+    anyhow::ensure!(docs == n as i64, "search holds {docs} documents, expected {n}");
+    let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
+    Ok((n as u64 - a0) as f64 / (t1 - t0).as_secs_f64())
+}
+
+async fn herald_consume_until(db: &Db, sub: &Subscription, options: &Options, metrics: &Metrics, done: CancellationToken) -> anyhow::Result<()> {
+    herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, done).await?;
+    Ok(())
+}
+
+impl Rates {
+    fn to_json(&self, args: &ConsumeBenchArgs) -> serde_json::Value {
+        json!({
+            "events": args.events, "partitions": args.partitions, "batch": args.batch,
+            "consume_eps": self.consume_eps.round(),
+            "raw_consume_eps": self.raw_consume_eps.round(),
+            "raw_insert_eps": self.raw_insert_eps.round(),
+            "publish_eps": self.publish_eps.round(),
+            "consume_vs_raw_insert": round2(self.consume_eps / self.raw_insert_eps),
+            "consume_vs_raw_consume": round2(self.consume_eps / self.raw_consume_eps),
+            "target_eps": TARGET_EPS,
+            "meets_target": self.consume_eps >= TARGET_EPS && self.consume_eps >= 0.5 * self.raw_insert_eps,
+        })
+    }
+
+    fn print(&self, args: &ConsumeBenchArgs) {
+        println!(
+            "herald bench consume — {} events, PostgreSQL + in-process Kafka ({} partitions), {} events per transaction\n",
+            args.events, args.partitions, args.batch
+        );
+        println!("  {:<58} {:>10} {:>12} {:>13}", "measurement", "events/s", "÷ raw insert", "÷ raw consume");
+        let row = |name: &str, eps: f64| {
+            println!("  {:<58} {:>10.0} {:>12.2} {:>13.2}", name, eps, eps / self.raw_insert_eps, eps / self.raw_consume_eps);
+        };
+        row("raw consume: receive the records, nothing else", self.raw_consume_eps);
+        row("raw batched insert: inbox row + document per event", self.raw_insert_eps);
+        row("herald search subscription: decode, inbox, document, offsets", self.consume_eps);
+        let meets = self.consume_eps >= TARGET_EPS && self.consume_eps >= 0.5 * self.raw_insert_eps;
+        println!(
+            "\n  target ≥ {TARGET_EPS:.0} events/s and ≥ 0.5 × raw insert: {}   (publish of the workload: {:.0} events/s)",
+            if meets { "met" } else { "NOT met" },
+            self.publish_eps
+        );
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// A database of its own on the server, so the benchmark never writes into
+/// a real deployment's tables.
+struct ScratchDb {
+    admin_url: String,
+    name: String,
+    url: String,
+}
+
+impl ScratchDb {
+    async fn create(server: &str) -> anyhow::Result<ScratchDb> {
+        let name = format!("herald_bench_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
+        admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.context("creating the scratch database")?;
+        admin.close().await.ok();
+        let mut url = url::Url::parse(server)?;
+        url.set_path(&name);
+        Ok(ScratchDb { admin_url: server.to_owned(), name, url: url.into() })
+    }
+
+    async fn drop_db(&self) {
+        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
+            let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str()).await;
+            let _ = admin.close().await;
+        }
+    }
+}

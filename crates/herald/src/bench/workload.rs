@@ -1,0 +1,80 @@
+//! Records for benchmarks and tests: completion facts as the relay publishes
+//! them (CloudEvents binary mode), in the legacy envelope, or as raw bytes.
+
+use anyhow::Context;
+use chrono::Utc;
+use cloudevents::binding::rdkafka::FutureRecordExt;
+use herald_envelope::legacy::to_legacy_json;
+use herald_envelope::{ExportCompleted, OutboxEvent};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+
+/// The `i`-th completion of run `run`: distinct jobs, seven callers, two
+/// formats, all completed now.
+pub fn completion(run: &str, i: usize) -> ExportCompleted {
+    let job_id = format!("{run}-job-{i:07}");
+    ExportCompleted {
+        result_id: format!("exports/{job_id}/1.csv"),
+        job_id,
+        caller: format!("caller-{}", i % 7),
+        format: if i % 2 == 0 { "csv" } else { "json" }.to_owned(),
+        query: format!("bench export {i}"),
+        size_bytes: 1000 + i as i64,
+        sha256: "ab".repeat(32),
+        completed_at_ms: Utc::now().timestamp_millis(),
+        version: 2,
+    }
+}
+
+/// `n` completion events for `topic`, as outbox rows would carry them.
+pub fn completions(topic: &str, run: &str, n: usize) -> anyhow::Result<Vec<OutboxEvent>> {
+    (0..n)
+        .map(|i| {
+            let data = completion(run, i);
+            Ok(OutboxEvent::new(topic, &data.job_id, &data, Utc::now())?)
+        })
+        .collect()
+}
+
+pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
+    Ok(herald_kafka::producer_config(brokers).create()?)
+}
+
+/// Publishes `events` in CloudEvents binary mode and waits for every ack.
+pub async fn publish(producer: &FutureProducer, events: &[OutboxEvent]) -> anyhow::Result<()> {
+    for chunk in events.chunks(10_000) {
+        let mut pending = Vec::with_capacity(chunk.len());
+        for event in chunk {
+            let message = event.to_kafka_record()?;
+            let record = FutureRecord::to(&event.topic).key(event.partition_key.as_str()).message_record(&message);
+            pending.push(producer.send_result(record).map_err(|(e, _)| e)?);
+        }
+        for delivery in pending {
+            delivery.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
+        }
+    }
+    Ok(())
+}
+
+/// Publishes `event`'s fact in the legacy JSON envelope (no `ce_*` headers),
+/// its source spelled the old way.
+pub async fn publish_legacy(producer: &FutureProducer, event: &OutboxEvent, data: &ExportCompleted) -> anyhow::Result<()> {
+    let value = to_legacy_json(&event.key(), "herald-exports", &event.subject, data)?;
+    publish_raw(producer, &event.topic, &event.partition_key, &value, None).await
+}
+
+/// Publishes arbitrary bytes, e.g. a poison record.
+pub async fn publish_raw(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &str,
+    value: &[u8],
+    headers: Option<OwnedHeaders>,
+) -> anyhow::Result<()> {
+    let mut record = FutureRecord::to(topic).key(key).payload(value);
+    if let Some(headers) = headers {
+        record = record.headers(headers);
+    }
+    producer.send_result(record).map_err(|(e, _)| e)?.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! `herald consume <subscription>`: one subscription alone in this process.
+//! Several processes of the same subscription form one consumer group and
+//! share its partitions; each process prints a one-line JSON summary of what
+//! it did when it stops (SIGINT/SIGTERM).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use herald_consumer::{AfterCommit, Metrics, Options};
+use herald_kafka::Topics;
+use herald_store::Db;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Backends;
+use crate::subscriptions::{self, Name};
+
+#[derive(Debug, Clone, Args)]
+pub struct ConsumeArgs {
+    /// The subscription to run.
+    #[arg(value_enum)]
+    pub subscription: Name,
+    #[command(flatten)]
+    pub backends: Backends,
+    /// Topic names are `<prefix>.export.events`; default: no prefix.
+    #[arg(long, env = "HERALD_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
+    /// Consumer groups are `<group-prefix>.<subscription>`.
+    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
+    pub group_prefix: String,
+    /// Most records applied in one transaction.
+    #[arg(long, env = "HERALD_MAX_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_batch: u32,
+    /// Fault injection for crash tests: `pause-after-commit:N` stops forever
+    /// after the N-th batch committed and before its offsets are stored.
+    #[arg(long, env = "HERALD_FAULT", hide = true, value_parser = parse_fault)]
+    pub fault: Option<u64>,
+}
+
+fn parse_fault(spec: &str) -> Result<u64, String> {
+    spec.strip_prefix("pause-after-commit:")
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("`{spec}`: expected pause-after-commit:N with N ≥ 1"))
+}
+
+fn pause_after_commit(at: u64) -> AfterCommit {
+    Arc::new(move |batch| {
+        Box::pin(async move {
+            if batch == at {
+                eprintln!("herald-fault: paused after commit of batch {batch}");
+                std::future::pending::<()>().await;
+            }
+        })
+    })
+}
+
+pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
+    // Keeps the embedded broker and data directory alive, when used.
+    let mut _embedded = None;
+    let (db, brokers, topics) = match &args.backends.kafka {
+        None => {
+            // Embedded broker: no other process can reach it; a toy run.
+            let env = args.backends.resolve().await?;
+            let wiring = env.wiring.clone();
+            _embedded = Some(env);
+            (wiring.db, wiring.brokers, wiring.topics)
+        }
+        Some(brokers) => {
+            let Some(url) = &args.backends.database else {
+                eprintln!("error: --database (or HERALD_DATABASE_URL) is needed with --kafka");
+                return Ok(ExitCode::from(2));
+            };
+            let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
+            let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+            ensure_topics(brokers, &topics, args.backends.partitions).await;
+            (db, brokers.clone(), topics)
+        }
+    };
+    let options = Options {
+        max_batch: args.max_batch as usize,
+        after_commit: args.fault.map(pause_after_commit),
+        ..Options::default()
+    };
+    let sub = args.subscription.subscription(&args.group_prefix, &brokers, &topics.events);
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("shutdown requested; finishing the batch in flight");
+        signal.cancel();
+    });
+    let metrics = Metrics::default();
+    let s = subscriptions::run(args.subscription, &db, &sub, &options, &metrics, shutdown).await?;
+    println!(
+        "{}",
+        json!({"subscription": sub.name, "group": sub.group, "applied": s.applied, "duplicates": s.duplicates,
+            "skipped": s.skipped, "dead_lettered": s.dead_lettered, "batches": s.batches, "retries": s.retries})
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the topics only when the broker does not list them already: a
+/// consumer joining a running deployment has nothing to create, and the mock
+/// cluster of a test process does not implement CreateTopics at all.
+async fn ensure_topics(brokers: &str, topics: &Topics, partitions: i32) {
+    let (b, wanted) = (brokers.to_owned(), topics.all().map(str::to_owned));
+    let listed = tokio::task::spawn_blocking(move || -> Result<bool, rdkafka::error::KafkaError> {
+        let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &b).create()?;
+        let metadata = client.fetch_metadata(None, Duration::from_secs(10))?;
+        Ok(wanted.iter().all(|t| metadata.topics().iter().any(|m| m.name() == t && !m.partitions().is_empty())))
+    })
+    .await;
+    if matches!(listed, Ok(Ok(true))) {
+        return;
+    }
+    if let Err(e) = herald_kafka::ensure_topics(brokers, &topics.all(), partitions).await {
+        warn!(error = %e, "could not create topics; subscribing anyway");
+    }
+}
+
+/// SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

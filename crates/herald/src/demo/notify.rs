@@ -1,0 +1,58 @@
+//! The demo's notifications: intents created by the notify subscription, sent
+//! by the dispatcher to the in-process keyed simulator, and counted on both
+//! sides — Herald's receipts and the receiver's own effects.
+
+use std::time::Duration;
+
+use herald_store::Db;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::report::{Check, count};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NotifyCounts {
+    pub notification_intents: i64,
+    pub notifications_sent: i64,
+    pub provider_effects: i64,
+    pub provider_requests: i64,
+}
+
+/// Waits until no intent is pending (or `within` passes), then counts.
+pub async fn gather(db: &Db, provider_url: &str, want: i64, within: Duration) -> anyhow::Result<NotifyCounts> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let intents = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
+        let pending = count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'pending'").await?;
+        if (intents >= want && pending == 0) || tokio::time::Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let effects: Value = reqwest::get(format!("{provider_url}/effects")).await?.json().await?;
+    Ok(NotifyCounts {
+        notification_intents: count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?,
+        notifications_sent: count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'sent' AND receipt IS NOT NULL").await?,
+        provider_effects: effects["effects"].as_i64().unwrap_or(-1),
+        provider_requests: effects["requests"].as_i64().unwrap_or(-1),
+    })
+}
+
+impl NotifyCounts {
+    pub fn checks(&self, n: i64) -> Vec<Check> {
+        vec![
+            Check::new("one notification intent per completion", self.notification_intents == n, format!("{} (want {n})", self.notification_intents)),
+            Check::new("every intent sent with a receipt", self.notifications_sent == n, format!("{} of {}", self.notifications_sent, self.notification_intents)),
+            Check::new(
+                "lost ACK retried with the same key, replayed",
+                self.provider_requests == self.provider_effects + 1,
+                format!("{} requests for {} effects", self.provider_requests, self.provider_effects),
+            ),
+            Check::new(
+                "provider effects = intents (keyed provider)",
+                self.provider_effects == self.notification_intents,
+                format!("{} effects from {} requests", self.provider_effects, self.provider_requests),
+            ),
+        ]
+    }
+}

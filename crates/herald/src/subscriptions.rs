@@ -1,0 +1,75 @@
+//! The subscriptions of `export.events`, by name: what `herald serve` runs,
+//! what `herald consume <subscription>` runs alone, and what `herald dlq
+//! redrive` hands a dead letter back to.
+
+use clap::ValueEnum;
+use herald_consumer::{Handler, Metrics, Options, Redriven, Snapshot, Subscription};
+use herald_notify::intents::{self, NotifyHandler};
+use herald_projections::search::{self, SearchHandler};
+use herald_projections::stats::{self, StatsHandler};
+use herald_store::Db;
+use herald_store::dead_letter::DeadLetter;
+use tokio_util::sync::CancellationToken;
+
+/// A subscription on the events topic. Each is its own consumer group
+/// (`<prefix>.<name>`), inbox scope and dead-letter scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Name {
+    /// Search documents of finished exports.
+    Search,
+    /// Counters by day, caller and format.
+    Stats,
+    /// Notification intents, one per completion and recipient.
+    Notify,
+}
+
+impl Name {
+    pub const ALL: [Name; 3] = [Name::Search, Name::Stats, Name::Notify];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Name::Search => search::SUBSCRIPTION,
+            Name::Stats => stats::SUBSCRIPTION,
+            Name::Notify => intents::SUBSCRIPTION,
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Name> {
+        Name::ALL.into_iter().find(|n| n.as_str() == name)
+    }
+
+    /// This subscription on `events_topic`, consumer group `<group_prefix>.<name>`.
+    pub fn subscription(self, group_prefix: &str, brokers: &str, events_topic: &str) -> Subscription {
+        Subscription::new(self.as_str(), group_prefix, brokers, &[events_topic])
+    }
+}
+
+/// Runs subscription `name` until `shutdown`.
+pub async fn run(
+    name: Name,
+    db: &Db,
+    sub: &Subscription,
+    options: &Options,
+    metrics: &Metrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Snapshot> {
+    let snapshot = match name {
+        Name::Search => herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, shutdown).await?,
+        Name::Stats => herald_consumer::run_subscription(sub, db, &StatsHandler, options, metrics, shutdown).await?,
+        Name::Notify => herald_consumer::run_subscription(sub, db, &NotifyHandler, options, metrics, shutdown).await?,
+    };
+    Ok(snapshot)
+}
+
+/// Redrives `letter` through its subscription's handler.
+pub async fn redrive(db: &Db, letter: &DeadLetter) -> anyhow::Result<Redriven> {
+    async fn with<H: Handler>(db: &Db, h: &H, l: &DeadLetter) -> anyhow::Result<Redriven> {
+        Ok(herald_consumer::redrive(db, h, l).await?)
+    }
+    match Name::parse(&letter.subscription) {
+        Some(Name::Search) => with(db, &SearchHandler, letter).await,
+        Some(Name::Stats) => with(db, &StatsHandler, letter).await,
+        Some(Name::Notify) => with(db, &NotifyHandler, letter).await,
+        None => anyhow::bail!("dead letter {} belongs to unknown subscription `{}`", letter.id, letter.subscription),
+    }
+}
