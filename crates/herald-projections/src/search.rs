@@ -24,43 +24,65 @@ impl Handler for SearchHandler {
     }
 
     async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
-        let data: ExportCompleted = event.data_as()?;
-        upsert(tx, &data).await?;
-        Ok(())
+        self.apply_batch(tx, &[event]).await
     }
 
+    /// Live events go to every generation that follows live traffic: the
+    /// active one, the rollback target, and one being rebuilt.
     async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
-        // One document per job: the newest business version in the batch
-        // (one statement may not touch the same row twice on PostgreSQL).
-        let mut newest: BTreeMap<String, ExportCompleted> = BTreeMap::new();
-        for event in events {
-            let data: ExportCompleted = event.data_as()?;
-            match newest.get(&data.job_id) {
-                Some(seen) if seen.version >= data.version => {}
-                _ => {
-                    newest.insert(data.job_id.clone(), data);
-                }
-            }
+        let docs = newest_per_job(events)?;
+        for generation in live_generations(tx).await? {
+            upsert_many(tx, generation, &docs).await?;
         }
-        let docs: Vec<&ExportCompleted> = newest.values().collect();
-        upsert_many(tx, &docs).await?;
         Ok(())
     }
+}
+
+/// One document per job: the newest business version among `events` (one
+/// statement may not touch the same row twice on PostgreSQL).
+pub fn newest_per_job(events: &[&DecodedEvent]) -> Result<Vec<ExportCompleted>, HandlerError> {
+    let mut newest: BTreeMap<String, ExportCompleted> = BTreeMap::new();
+    for event in events {
+        let data: ExportCompleted = event.data_as()?;
+        match newest.get(&data.job_id) {
+            Some(seen) if seen.version >= data.version => {}
+            _ => {
+                newest.insert(data.job_id.clone(), data);
+            }
+        }
+    }
+    Ok(newest.into_values().collect())
+}
+
+/// States whose generations receive live writes. `archived` (older than the
+/// rollback target) and `failed` ones do not.
+pub const LIVE_STATES: [&str; 5] = ["building", "catching_up", "ready", "active", "retired"];
+
+async fn live_generations(tx: &mut Tx<'_>) -> Result<Vec<i64>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT generation FROM projection_generations WHERE projection = $1 AND state IN ($2, $3, $4, $5, $6) \
+         ORDER BY generation",
+    )
+    .bind(PROJECTION)
+    .bind(LIVE_STATES[0])
+    .bind(LIVE_STATES[1])
+    .bind(LIVE_STATES[2])
+    .bind(LIVE_STATES[3])
+    .bind(LIVE_STATES[4])
+    .fetch_all(&mut **tx)
+    .await?;
+    rows.iter().map(|r| r.try_get("generation").map_err(StoreError::from)).collect()
 }
 
 /// Rows per statement: 9 binds each.
 const UPSERT_CHUNK: usize = 500;
 
-/// [`upsert`] for many documents, a few statements instead of one per row.
-async fn upsert_many(tx: &mut Tx<'_>, docs: &[&ExportCompleted]) -> Result<(), StoreError> {
-    if docs.is_empty() {
-        return Ok(());
-    }
-    let generation: i64 = sqlx::query("SELECT generation FROM active_generations WHERE projection = $1")
-        .bind(PROJECTION)
-        .fetch_one(&mut **tx)
-        .await?
-        .try_get("generation")?;
+/// Writes documents into `generation` unless it already holds a newer
+/// business version of the same job: facts may arrive out of order across
+/// partitions, replays and live traffic; the version decides, not arrival.
+/// Applying the same document twice changes nothing, which is what lets a
+/// replay and live traffic both write a generation being rebuilt.
+pub async fn upsert_many(tx: &mut Tx<'_>, generation: i64, docs: &[ExportCompleted]) -> Result<(), StoreError> {
     for chunk in docs.chunks(UPSERT_CHUNK) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 9 + 1, 9))).collect();
@@ -88,33 +110,6 @@ async fn upsert_many(tx: &mut Tx<'_>, docs: &[&ExportCompleted]) -> Result<(), S
         }
         query.execute(&mut **tx).await?;
     }
-    Ok(())
-}
-
-/// Writes the document unless the generation already holds a newer business
-/// version of the same job (facts may arrive out of order across partitions
-/// or replays; the version decides, not arrival).
-async fn upsert(tx: &mut Tx<'_>, doc: &ExportCompleted) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
-         size_bytes, completed_at_ms, version) \
-         SELECT generation, $1, $2, $3, $4, $5, $6, $7, $8 FROM active_generations WHERE projection = $9 \
-         ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
-         format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
-         size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
-         version = excluded.version WHERE search_documents.version < excluded.version",
-    )
-    .bind(&doc.job_id)
-    .bind(&doc.caller)
-    .bind(&doc.format)
-    .bind(&doc.query)
-    .bind(&doc.result_id)
-    .bind(doc.size_bytes)
-    .bind(doc.completed_at_ms)
-    .bind(doc.version)
-    .bind(PROJECTION)
-    .execute(&mut **tx)
-    .await?;
     Ok(())
 }
 

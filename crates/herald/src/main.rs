@@ -3,7 +3,7 @@
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
 use herald::notify_args::{NotifyArgs, hook_from_env};
-use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_relay, config, demo, pipeline};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -61,6 +61,8 @@ enum Command {
     Notify(cmd_notify::NotifyCmdArgs),
     /// A reference notification receiver with a durable ledger and fault switches.
     ProviderSim(cmd_provider_sim::ProviderSimArgs),
+    /// Rebuild a projection into a new generation, switch, roll back, status.
+    Rebuild(cmd_rebuild::RebuildArgs),
     /// Inspect and redrive dead letters.
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
@@ -126,6 +128,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             serve(backends, roles, None, Some(&notify)).await
         }
         Command::Notify(args) => cmd_notify::run(args).await,
+        Command::Rebuild(args) => cmd_rebuild::run(args).await,
         Command::ProviderSim(args) => cmd_provider_sim::run(args).await,
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,

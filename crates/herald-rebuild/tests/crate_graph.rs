@@ -1,0 +1,58 @@
+//! Replay cannot notify, by structure: the notification crate is not in
+//! herald-rebuild's dependency graph. Only workspace crates can depend on
+//! `herald-notify`, so the walk covers the workspace's own manifests
+//! (`cargo metadata --no-deps`, no network). It is checked against a crate
+//! that does depend on it, so a broken walk cannot pass silently.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Workspace crates `root` depends on (normal dependencies), transitively.
+fn closure(members: &HashMap<String, Vec<String>>, root: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![root.to_owned()];
+    while let Some(name) = todo.pop() {
+        for dep in members.get(&name).into_iter().flatten() {
+            if members.contains_key(dep) && seen.insert(dep.clone()) {
+                todo.push(dep.clone());
+            }
+        }
+    }
+    seen
+}
+
+fn workspace() -> HashMap<String, Vec<String>> {
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let metadata: Value = serde_json::from_slice(&out.stdout).expect("metadata json");
+    metadata["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .map(|p| {
+            let deps = p["dependencies"]
+                .as_array()
+                .expect("dependencies")
+                .iter()
+                .filter(|d| d["kind"].is_null())
+                .map(|d| d["name"].as_str().expect("name").to_owned())
+                .collect();
+            (p["name"].as_str().expect("name").to_owned(), deps)
+        })
+        .collect()
+}
+
+#[test]
+fn herald_rebuild_does_not_depend_on_notification_code() {
+    let members = workspace();
+    let rebuild = closure(&members, "herald-rebuild");
+    assert!(rebuild.contains("herald-projections") && rebuild.contains("herald-store"), "the walk finds real dependencies: {rebuild:?}");
+    assert!(!rebuild.contains("herald-notify"), "herald-rebuild must not reach notification code: {rebuild:?}");
+    assert!(closure(&members, "herald").contains("herald-notify"), "the walk would see it if it were there");
+}
