@@ -26,14 +26,16 @@ pub trait EventData: Serialize + DeserializeOwned {
     /// Decodes `bytes` written with `writer_file` into this type.
     fn from_avro(writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
         let writer = schema::by_file(writer_file)?;
-        let reader = schema::by_file(Self::SCHEMA_FILE)?;
+        // Resolution is only needed across schema versions, and it is costly
+        // (it walks both schemas on every call): skip it for the same file.
+        let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
         let err = |reason: String| EnvelopeError::Data {
             schema: writer_file.to_owned(),
             reason,
         };
         let mut input = bytes;
         let value =
-            from_avro_datum(writer, &mut input, Some(reader)).map_err(|e| err(e.to_string()))?;
+            from_avro_datum(writer, &mut input, reader).map_err(|e| err(e.to_string()))?;
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }

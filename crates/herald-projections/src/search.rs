@@ -74,16 +74,14 @@ async fn live_generations(tx: &mut Tx<'_>) -> Result<Vec<i64>, StoreError> {
     rows.iter().map(|r| r.try_get("generation").map_err(StoreError::from)).collect()
 }
 
-/// Rows per statement: 9 binds each.
-const UPSERT_CHUNK: usize = 500;
-
 /// Writes documents into `generation` unless it already holds a newer
 /// business version of the same job: facts may arrive out of order across
 /// partitions, replays and live traffic; the version decides, not arrival.
 /// Applying the same document twice changes nothing, which is what lets a
 /// replay and live traffic both write a generation being rebuilt.
 pub async fn upsert_many(tx: &mut Tx<'_>, generation: i64, docs: &[ExportCompleted]) -> Result<(), StoreError> {
-    for chunk in docs.chunks(UPSERT_CHUNK) {
+    // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
+    for chunk in herald_store::outbox::statement_chunks(docs) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 9 + 1, 9))).collect();
         let sql = format!(
