@@ -172,7 +172,10 @@ fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
     serde_json::Value::Array(array).to_string()
 }
 
-fn decode_headers(text: &str) -> Result<Vec<(String, Option<Vec<u8>>)>, StoreError> {
+/// Record headers as stored: name and raw value, if any.
+type Headers = Vec<(String, Option<Vec<u8>>)>;
+
+fn decode_headers(text: &str) -> Result<Headers, StoreError> {
     let bad = |why: &str| StoreError::Config(format!("dead_letters.headers is not the expected JSON: {why}"));
     let parsed: Vec<(String, Option<String>)> = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
     parsed
