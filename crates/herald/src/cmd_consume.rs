@@ -86,7 +86,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        crate::signals::wait_for_stop().await;
         info!("shutdown requested; finishing the batch in flight");
         signal.cancel();
     });
@@ -116,21 +116,5 @@ async fn ensure_topics(brokers: &str, topics: &Topics, partitions: i32) {
     }
     if let Err(e) = herald_kafka::ensure_topics(brokers, &topics.all(), partitions).await {
         warn!(error = %e, "could not create topics; subscribing anyway");
-    }
-}
-
-/// SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
     }
 }

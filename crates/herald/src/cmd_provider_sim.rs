@@ -48,7 +48,7 @@ pub async fn run(args: ProviderSimArgs) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
+        crate::signals::wait_for_stop().await;
         signal.cancel();
     });
     sim::serve(listener, ledger, SimConfig { mode, key_retention: args.key_retention }, faults, shutdown).await?;

@@ -118,7 +118,7 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
             let shutdown = CancellationToken::new();
             let signal = shutdown.clone();
             tokio::spawn(async move {
-                let _ = tokio::signal::ctrl_c().await;
+                crate::signals::wait_for_stop().await;
                 signal.cancel();
             });
             let mut progress = Reporter::new();

@@ -163,26 +163,10 @@ async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArg
     }
     let shutdown: CancellationToken = running.shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        herald::signals::wait_for_stop().await;
         info!("shutdown requested; draining");
         shutdown.cancel();
     });
     running.until_stopped().await?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// SIGINT or SIGTERM: both mean "stop taking work, finish what is in flight".
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
