@@ -9,6 +9,7 @@ pub mod cmd_notify;
 pub mod cmd_outbox;
 pub mod cmd_provider_sim;
 pub mod cmd_relay;
+pub mod cmd_schemas;
 pub mod config;
 pub mod demo;
 pub mod lifecycle_args;
