@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use herald_envelope::{DecodedEvent, decode_any};
+use herald_envelope::{DecodedEvent, decode_any_with};
 use herald_store::dead_letter::{self, NewDeadLetter};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
@@ -71,7 +71,7 @@ impl<H: Handler> Applier<'_, H> {
     }
 
     fn parse(&self, msg: &OwnedMessage) -> Parsed {
-        match decode_any(msg) {
+        match decode_any_with(msg, &self.options.registry) {
             Ok(event) if self.handler.handles(&event.event_type) => Parsed::Event(event),
             Ok(_) => Parsed::Skip,
             Err(e) => Parsed::Poison(e.to_string()),

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use herald_envelope::Registry;
 use herald_envelope::legacy::SOURCE_ALIASES;
 use herald_store::{Db, inbox};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -39,11 +40,20 @@ pub struct Options {
     pub max_attempts: u32,
     /// Fault-injection point; `None` in production.
     pub after_commit: Option<AfterCommit>,
+    /// Writer schemas this subscription can decode; a record naming another
+    /// is dead-lettered as `unknown schema <file>`.
+    pub registry: Registry,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { max_batch: 1000, max_wait: Duration::from_millis(20), max_attempts: 3, after_commit: None }
+        Options {
+            max_batch: 1000,
+            max_wait: Duration::from_millis(20),
+            max_attempts: 3,
+            after_commit: None,
+            registry: Registry::embedded(),
+        }
     }
 }
 
@@ -54,6 +64,7 @@ impl std::fmt::Debug for Options {
             .field("max_wait", &self.max_wait)
             .field("max_attempts", &self.max_attempts)
             .field("after_commit", &self.after_commit.is_some())
+            .field("schemas", &self.registry.files().collect::<Vec<_>>())
             .finish()
     }
 }

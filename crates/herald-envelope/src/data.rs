@@ -1,6 +1,6 @@
 //! Typed event data and its Avro binary codec (one datum, no container header).
 
-use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value};
+use apache_avro::{Schema, from_avro_datum, from_value, to_avro_datum, to_value};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{EnvelopeError, schema};
@@ -23,9 +23,17 @@ pub trait EventData: Serialize + DeserializeOwned {
         to_avro_datum(schema, value).map_err(|e| err(e.to_string()))
     }
 
-    /// Decodes `bytes` written with `writer_file` into this type.
+    /// Decodes `bytes` written with `writer_file` (a schema compiled into
+    /// this build) into this type.
     fn from_avro(writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
-        let writer = schema::by_file(writer_file)?;
+        Self::from_avro_with(schema::by_file(writer_file)?, writer_file, bytes)
+    }
+
+    /// Decodes `bytes` written with `writer` (file `writer_file`) and
+    /// resolves them into this type's schema (Avro schema resolution: fields
+    /// the reader lacks are skipped, fields the writer lacks take the reader's
+    /// default, numbers promote).
+    fn from_avro_with(writer: &Schema, writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
         let reader = schema::by_file(Self::SCHEMA_FILE)?;
         let err = |reason: String| EnvelopeError::Data {
             schema: writer_file.to_owned(),
@@ -57,7 +65,8 @@ impl EventData for ExportRequested {
     const SCHEMA_FILE: &'static str = "export.requested.v1.avsc";
 }
 
-/// `herald.export.completed`: the fact three downstreams build on.
+/// `herald.export.completed`: the fact three downstreams build on. Written
+/// with v2; data of v1 writers reads with `content_type` at its default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportCompleted {
     pub job_id: String,
@@ -69,9 +78,40 @@ pub struct ExportCompleted {
     pub sha256: String,
     pub completed_at_ms: i64,
     pub version: i64,
+    /// Media type of the result file (v2). The serde default lets a legacy
+    /// JSON envelope written before v2 decode too.
+    #[serde(default = "default_content_type")]
+    pub content_type: String,
+}
+
+/// The v2 schema's default of `content_type`.
+pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+fn default_content_type() -> String {
+    DEFAULT_CONTENT_TYPE.to_owned()
 }
 
 impl EventData for ExportCompleted {
+    const EVENT_TYPE: &'static str = "herald.export.completed";
+    const SCHEMA_FILE: &'static str = "export.completed.v2.avsc";
+}
+
+/// `herald.export.completed` as a consumer built before v2 reads it. Kept so
+/// both directions of the v1/v2 overlap stay tested against real data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportCompletedV1 {
+    pub job_id: String,
+    pub caller: String,
+    pub format: String,
+    pub query: String,
+    pub result_id: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub completed_at_ms: i64,
+    pub version: i64,
+}
+
+impl EventData for ExportCompletedV1 {
     const EVENT_TYPE: &'static str = "herald.export.completed";
     const SCHEMA_FILE: &'static str = "export.completed.v1.avsc";
 }
@@ -94,6 +134,21 @@ impl EventData for ExportFailed {
     const SCHEMA_FILE: &'static str = "export.failed.v1.avsc";
 }
 
+/// `herald.export.deleted`: the job and its result are gone. The schema is
+/// released ahead of the delete operation that will emit it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportDeleted {
+    pub job_id: String,
+    pub caller: String,
+    pub deleted_at_ms: i64,
+    pub version: i64,
+}
+
+impl EventData for ExportDeleted {
+    const EVENT_TYPE: &'static str = "herald.export.deleted";
+    const SCHEMA_FILE: &'static str = "export.deleted.v1.avsc";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,7 +164,42 @@ mod tests {
             sha256: "ab".repeat(32),
             completed_at_ms: 1_700_000_000_000,
             version: 2,
+            content_type: "text/csv".into(),
         }
+    }
+
+    fn v1_of(c: &ExportCompleted) -> ExportCompletedV1 {
+        ExportCompletedV1 {
+            job_id: c.job_id.clone(),
+            caller: c.caller.clone(),
+            format: c.format.clone(),
+            query: c.query.clone(),
+            result_id: c.result_id.clone(),
+            size_bytes: c.size_bytes,
+            sha256: c.sha256.clone(),
+            completed_at_ms: c.completed_at_ms,
+            version: c.version,
+        }
+    }
+
+    #[test]
+    fn v1_reader_reads_v2_data_without_the_new_field() {
+        let bytes = completed().to_avro().unwrap();
+        let v1 = ExportCompletedV1::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).unwrap();
+        assert_eq!(v1, v1_of(&completed()));
+    }
+
+    #[test]
+    fn v2_reader_reads_v1_data_with_the_default() {
+        let bytes = v1_of(&completed()).to_avro().unwrap();
+        let v2 = ExportCompleted::from_avro(ExportCompletedV1::SCHEMA_FILE, &bytes).unwrap();
+        assert_eq!(v2, ExportCompleted { content_type: DEFAULT_CONTENT_TYPE.into(), ..completed() });
+    }
+
+    #[test]
+    fn deleted_round_trips() {
+        let d = ExportDeleted { job_id: "j".into(), caller: "c".into(), deleted_at_ms: 7, version: 4 };
+        assert_eq!(ExportDeleted::from_avro(ExportDeleted::SCHEMA_FILE, &d.to_avro().unwrap()).unwrap(), d);
     }
 
     #[test]

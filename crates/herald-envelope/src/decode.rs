@@ -1,39 +1,51 @@
 //! Kafka record → validated Herald event. Every byte on a topic is untrusted.
 
+use std::sync::Arc;
+
+use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use cloudevents::binding::rdkafka::record_to_event;
 use cloudevents::{AttributesReader, Data, Event};
 use rdkafka::message::Message;
 
 use crate::event::AVRO_CONTENT_TYPE;
-use crate::{EnvelopeError, EventData, EventKey, schema};
+use crate::{EnvelopeError, EventData, EventKey, Registry, schema};
 
 /// A CloudEvent read from Kafka whose attributes Herald has checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DecodedEvent {
     pub key: EventKey,
     pub event_type: String,
     pub subject: Option<String>,
     pub time: Option<DateTime<Utc>>,
-    /// File under `schemas/` the writer used; already known to this build.
+    /// File under `schemas/` the writer used (its `dataschema`).
     pub schema_file: String,
+    /// That file's schema, from the registry the record was decoded with.
+    pub writer: Arc<Schema>,
     pub data: Vec<u8>,
 }
 
 impl DecodedEvent {
     /// The data as `T`, resolved from the writer's schema into `T`'s.
     pub fn data_as<T: EventData>(&self) -> Result<T, EnvelopeError> {
-        T::from_avro(&self.schema_file, &self.data)
+        T::from_avro_with(&self.writer, &self.schema_file, &self.data)
     }
 }
 
-/// Decodes a Kafka record in CloudEvents binary mode.
+/// Decodes a Kafka record in CloudEvents binary mode, knowing the schemas
+/// compiled into this build.
 pub fn decode_record(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> {
-    let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
-    validate(event)
+    decode_record_with(msg, &Registry::embedded())
 }
 
-fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
+/// Decodes a Kafka record in CloudEvents binary mode; its `dataschema` must
+/// name a schema of `registry`, or the error is `unknown schema <file>`.
+pub fn decode_record_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
+    let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
+    validate(event, registry)
+}
+
+fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
     let id = non_empty("id", event.id())?;
     let source = non_empty("source", event.source().as_str())?;
     let event_type = non_empty("type", event.ty())?;
@@ -46,7 +58,7 @@ fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
         .dataschema()
         .ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
     let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
-    schema::by_file(&schema_file)?;
+    let writer = registry.get(&schema_file)?.clone();
     let data = match event.data() {
         Some(Data::Binary(bytes)) => bytes.clone(),
         Some(_) => return Err(invalid("data", "expected binary Avro data".to_owned())),
@@ -58,6 +70,7 @@ fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
         subject: event.subject().map(str::to_owned),
         time: event.time().copied(),
         schema_file,
+        writer,
         data,
     })
 }
@@ -93,6 +106,7 @@ mod tests {
             sha256: "00".into(),
             completed_at_ms: 5,
             version: 2,
+            content_type: "application/json".into(),
         }
     }
 

@@ -22,8 +22,9 @@ pub mod schema;
 
 mod error;
 
-pub use data::{EventData, ExportCompleted, ExportFailed, ExportRequested};
-pub use decode::{DecodedEvent, decode_record};
+pub use data::{EventData, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested};
+pub use decode::{DecodedEvent, decode_record, decode_record_with};
 pub use error::EnvelopeError;
 pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};
-pub use legacy::decode_any;
+pub use legacy::{decode_any, decode_any_with};
+pub use schema::Registry;
