@@ -5,6 +5,18 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{EnvelopeError, schema};
 
+/// Most bytes one length-prefixed Avro value (a string, bytes) may claim.
+/// apache-avro allocates the claimed length before reading it, up to a
+/// process-wide cap (512 MiB by default): a 10-byte record could make a
+/// consumer allocate half a gigabyte. Herald's records are far below Kafka's
+/// default 1 MiB message limit, so 8 MiB bounds every decode with room.
+pub const MAX_AVRO_ALLOCATION: usize = 8 * 1024 * 1024;
+
+/// Sets the cap before the first decode (apache-avro keeps the first value set).
+fn bound_allocations() {
+    apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
+}
+
 /// Data of one event type, written with one schema file.
 pub trait EventData: Serialize + DeserializeOwned {
     /// CloudEvents `type`.
@@ -34,19 +46,42 @@ pub trait EventData: Serialize + DeserializeOwned {
     /// the reader lacks are skipped, fields the writer lacks take the reader's
     /// default, numbers promote).
     fn from_avro_with(writer: &Schema, writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
+        bound_allocations();
         let reader = schema::by_file(Self::SCHEMA_FILE)?;
         let err = |reason: String| EnvelopeError::Data {
             schema: writer_file.to_owned(),
             reason,
         };
         let mut input = bytes;
-        let value =
-            from_avro_datum(writer, &mut input, Some(reader)).map_err(|e| err(e.to_string()))?;
+        let value = from_avro_datum(writer, &mut input, Some(reader)).map_err(|e| match failing_field(writer, bytes) {
+            Some(field) => err(format!("field `{field}`: {e}")),
+            None => err(e.to_string()),
+        })?;
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }
         from_value(&value).map_err(|e| err(e.to_string()))
     }
+}
+
+/// The first field of the writer's record whose bytes do not decode, so the
+/// error names it (apache-avro's own message does not). Only on the error path.
+/// apache-avro 0.21 decodes a string cut short by the end of input as null
+/// instead of failing, so a null where the schema has none counts as broken.
+fn failing_field(writer: &Schema, bytes: &[u8]) -> Option<String> {
+    let Schema::Record(record) = writer else {
+        return None;
+    };
+    let mut input = bytes;
+    record
+        .fields
+        .iter()
+        .find(|f| match from_avro_datum(&f.schema, &mut input, None) {
+            Err(_) => true,
+            Ok(apache_avro::types::Value::Null) => !matches!(f.schema, Schema::Null | Schema::Union(_)),
+            Ok(_) => false,
+        })
+        .map(|f| f.name.clone())
 }
 
 /// `herald.export.requested`: the command a worker acts on.
@@ -197,6 +232,15 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_claimed_length_is_refused_before_allocating() {
+        // job_id claims 1 GiB (zig-zag varint of 2^30), then the input ends.
+        let bytes = [0x80, 0x80, 0x80, 0x80, 0x08];
+        let err = ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).unwrap_err().to_string();
+        assert!(err.contains("allocate") && err.contains("field `job_id`"), "{err}");
+        assert_eq!(apache_avro::util::max_allocation_bytes(0), MAX_AVRO_ALLOCATION);
+    }
+
+    #[test]
     fn deleted_round_trips() {
         let d = ExportDeleted { job_id: "j".into(), caller: "c".into(), deleted_at_ms: 7, version: 4 };
         assert_eq!(ExportDeleted::from_avro(ExportDeleted::SCHEMA_FILE, &d.to_avro().unwrap()).unwrap(), d);
@@ -214,6 +258,8 @@ mod tests {
         let bytes = completed().to_avro().unwrap();
         let err = ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes[..5]).unwrap_err();
         assert!(matches!(err, EnvelopeError::Data { .. }), "{err}");
+        // "j1" and "alice" fit in 5 bytes only partly: the caller is cut off.
+        assert!(err.to_string().contains("field `caller`"), "{err}");
     }
 
     #[test]
