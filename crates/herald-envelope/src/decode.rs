@@ -41,6 +41,7 @@ pub fn decode_record(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> 
 /// Decodes a Kafka record in CloudEvents binary mode; its `dataschema` must
 /// name a schema of `registry`, or the error is `unknown schema <file>`.
 pub fn decode_record_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
+    refuse_what_the_binding_panics_on(msg)?;
     let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
     validate(event, registry)
 }
@@ -73,6 +74,28 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
         writer,
         data,
     })
+}
+
+/// cloudevents-sdk 0.9's rdkafka binding unwraps where a record can hold
+/// nothing: a header without a value, and the value of a structured-mode
+/// record. Both were found by the property tests; a panic there would stop a
+/// subscription on one hostile record, so they are refused before the binding
+/// sees them. Herald writes binary mode only, so structured mode is refused
+/// whole.
+fn refuse_what_the_binding_panics_on(msg: &impl Message) -> Result<(), EnvelopeError> {
+    use rdkafka::message::Headers;
+    let Some(headers) = msg.headers() else {
+        return Ok(());
+    };
+    for h in headers.iter() {
+        if h.value.is_none() {
+            return Err(EnvelopeError::NotCloudEvent(format!("header `{}` has no value", h.key)));
+        }
+        if h.key == "content-type" && h.value.is_some_and(|v| v.starts_with(b"application/cloudevents")) {
+            return Err(invalid("content-type", "structured mode; Herald reads binary mode only".to_owned()));
+        }
+    }
+    Ok(())
 }
 
 fn non_empty(name: &'static str, value: &str) -> Result<String, EnvelopeError> {
@@ -151,6 +174,31 @@ mod tests {
         for expected in ["ce_id", "ce_source", "ce_type", "ce_specversion", "ce_subject", "ce_time", "ce_dataschema", "content-type"] {
             assert!(names.contains(&expected), "{expected} missing from {names:?}");
         }
+    }
+
+    fn with_headers(headers: &[(&str, Option<&[u8]>)], value: Option<Vec<u8>>) -> OwnedMessage {
+        let mut owned = rdkafka::message::OwnedHeaders::new();
+        for (key, value) in headers {
+            owned = owned.insert(rdkafka::message::Header { key, value: *value });
+        }
+        OwnedMessage::new(value, None, "t".into(), Timestamp::NotAvailable, 0, 0, Some(owned))
+    }
+
+    /// Regression (proptest, `headers = [(0, "", None)]`): the binding
+    /// unwrapped the missing value and panicked.
+    #[test]
+    fn header_without_value_is_a_typed_error_not_a_panic() {
+        let msg = with_headers(&[("ce_id", None)], None);
+        let err = decode_record(&msg).unwrap_err();
+        assert_eq!(err.to_string(), "not a CloudEvent in Kafka binary mode: header `ce_id` has no value");
+    }
+
+    /// Regression: a structured-mode content type without a value made the
+    /// binding unwrap the missing payload.
+    #[test]
+    fn structured_mode_is_refused_naming_content_type() {
+        let msg = with_headers(&[("ce_specversion", Some(b"1.0")), ("content-type", Some(b"application/cloudevents+json"))], None);
+        assert!(matches!(decode_record(&msg), Err(EnvelopeError::InvalidAttribute { name: "content-type", .. })));
     }
 
     #[test]
