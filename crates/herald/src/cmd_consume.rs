@@ -28,12 +28,8 @@ pub struct ConsumeArgs {
     pub subscription: Name,
     #[command(flatten)]
     pub backends: Backends,
-    /// Topic names are `<prefix>.export.events`; default: no prefix.
-    #[arg(long, env = "HERALD_TOPIC_PREFIX")]
-    pub topic_prefix: Option<String>,
-    /// Consumer groups are `<group-prefix>.<subscription>`.
-    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
-    pub group_prefix: String,
+    // `--topic-prefix` and `--group-prefix` come with `backends`; declaring
+    // them here as well made clap refuse the whole command.
     /// Most records applied in one transaction.
     #[arg(long, env = "HERALD_MAX_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_batch: u32,
@@ -78,7 +74,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             };
             let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
-            let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+            let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
             ensure_topics(brokers, &topics, args.backends.partitions).await;
             (db, brokers.clone(), topics)
         }
@@ -88,7 +84,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         after_commit: args.fault.map(pause_after_commit),
         ..Options::default()
     };
-    let sub = args.subscription.subscription(&args.group_prefix, &brokers, &topics.events);
+    let sub = args.subscription.subscription(&args.backends.group_prefix, &brokers, &topics.events);
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
