@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use herald_envelope::{DecodedEvent, decode_any_with};
+use herald_envelope::{DecodedEvent, Registry, decode_any_with};
 use herald_store::dead_letter::{self, NewDeadLetter};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
@@ -17,6 +17,16 @@ use tracing::{error, warn};
 
 use crate::metrics::Metrics;
 use crate::{Handler, HandlerError, Options};
+
+/// Each record of a batch decoded (or why not), in the batch's order.
+pub(crate) type Decoded = Vec<Result<DecodedEvent, String>>;
+
+/// Decodes `batch`; CPU only, so the runtime runs it on the blocking pool
+/// while the previous batch's transaction is in the database.
+/// A record naming a schema `registry` lacks decodes to `unknown schema <file>`.
+pub(crate) fn decode(batch: &[OwnedMessage], registry: &Registry) -> Decoded {
+    batch.iter().map(|m| decode_any_with(m, registry).map_err(|e| e.to_string())).collect()
+}
 
 /// A record as the subscription sees it before touching the database.
 enum Parsed {
@@ -46,8 +56,8 @@ pub(crate) struct Applier<'a, H> {
 impl<H: Handler> Applier<'_, H> {
     /// Applies `batch` until it settled. `false`: shutdown interrupted a
     /// retry, nothing of the batch may be acknowledged.
-    pub async fn apply(&self, batch: &[OwnedMessage], shutdown: &CancellationToken) -> bool {
-        let parsed: Vec<Parsed> = batch.iter().map(|m| self.parse(m)).collect();
+    pub async fn apply(&self, batch: &[OwnedMessage], decoded: Decoded, shutdown: &CancellationToken) -> bool {
+        let parsed: Vec<Parsed> = decoded.into_iter().map(|d| self.parse(d)).collect();
         let mut backoff = Backoff::new();
         loop {
             match self.try_batch(batch, &parsed).await {
@@ -70,11 +80,11 @@ impl<H: Handler> Applier<'_, H> {
         }
     }
 
-    fn parse(&self, msg: &OwnedMessage) -> Parsed {
-        match decode_any_with(msg, &self.options.registry) {
+    fn parse(&self, decoded: Result<DecodedEvent, String>) -> Parsed {
+        match decoded {
             Ok(event) if self.handler.handles(&event.event_type) => Parsed::Event(event),
             Ok(_) => Parsed::Skip,
-            Err(e) => Parsed::Poison(e.to_string()),
+            Err(reason) => Parsed::Poison(reason),
         }
     }
 

@@ -66,4 +66,7 @@ pub enum RunError {
     /// The database refused the start-up work.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A runtime task failed (a panic while decoding): a defect.
+    #[error("internal: {0}")]
+    Internal(String),
 }

@@ -3,10 +3,11 @@
 //! transaction committed (librdkafka commits stored offsets in the background
 //! and synchronously before partitions are revoked or the consumer stops).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use herald_envelope::Registry;
@@ -20,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::batch::Applier;
+use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
 use crate::metrics::{Metrics, Snapshot};
 use crate::{Handler, RunError, Subscription};
@@ -36,6 +37,8 @@ pub struct Options {
     pub max_batch: usize,
     /// How long to keep collecting after the first record of a batch.
     pub max_wait: Duration,
+    /// Groups of partitions applied concurrently, each in its own transaction.
+    pub lanes: usize,
     /// Attempts of a record the handler rejects before it is dead-lettered.
     pub max_attempts: u32,
     /// Fault-injection point; `None` in production.
@@ -50,6 +53,7 @@ impl Default for Options {
         Options {
             max_batch: 1000,
             max_wait: Duration::from_millis(20),
+            lanes: 2,
             max_attempts: 3,
             after_commit: None,
             registry: Registry::embedded(),
@@ -62,6 +66,7 @@ impl std::fmt::Debug for Options {
         f.debug_struct("Options")
             .field("max_batch", &self.max_batch)
             .field("max_wait", &self.max_wait)
+            .field("lanes", &self.lanes)
             .field("max_attempts", &self.max_attempts)
             .field("after_commit", &self.after_commit.is_some())
             .field("schemas", &self.registry.files().collect::<Vec<_>>())
@@ -90,19 +95,23 @@ pub async fn run_subscription<H: Handler>(
     consumer.subscribe(&topics)?;
     info!(subscription = %subscription.name, group = %subscription.group, ?topics, "subscription started");
     let applier = Applier { db, subscription: &subscription.name, handler, options, metrics };
-    let mut committed = 0u64;
-    while let Some(batch) = collect(&consumer, options, &shutdown).await {
-        if batch.is_empty() {
-            continue;
+    let committed = AtomicU64::new(0);
+    while let Some(records) = collect(&consumer, options, &shutdown).await {
+        // Partitions are independent: their records are split into up to
+        // `lanes` groups applied concurrently (on PostgreSQL, in separate
+        // transactions on separate connections), each lane a pipeline of
+        // batches decoded ahead on the blocking pool. Kafka is not polled
+        // again until every lane is done, so no rebalance can fall between a
+        // batch's commit and its stored offsets.
+        let lanes = split_lanes(records, options.lanes, options.max_batch);
+        let runs = lanes.into_iter().map(|batches| lane(&consumer, &applier, batches, &committed, &shutdown));
+        let mut go_on = true;
+        for finished in futures::future::join_all(runs).await {
+            go_on &= finished?;
         }
-        if !applier.apply(&batch, &shutdown).await {
+        if !go_on {
             break;
         }
-        committed += 1;
-        if let Some(hook) = &options.after_commit {
-            hook(committed).await;
-        }
-        store_offsets(&consumer, &subscription.name, &batch);
     }
     // Commit what was stored before leaving the group, so a clean stop
     // redelivers nothing.
@@ -115,7 +124,67 @@ pub async fn run_subscription<H: Handler>(
     Ok(snapshot)
 }
 
-/// Receives up to `max_batch` records, waiting at most `max_wait` after the
+/// Applies `batches` (of partitions no other lane has) one after another,
+/// storing each batch's offsets after its commit. `false` on shutdown.
+async fn lane<H: Handler>(
+    consumer: &StreamConsumer<SubscriptionContext>,
+    applier: &Applier<'_, H>,
+    batches: Vec<Vec<OwnedMessage>>,
+    committed: &AtomicU64,
+    shutdown: &CancellationToken,
+) -> Result<bool, RunError> {
+    let mut batches = batches.into_iter();
+    let registry = &applier.options.registry;
+    let mut next = batches.next().map(|b| spawn_decode(b, registry.clone()));
+    while let Some(decoding) = next.take() {
+        let (batch, decoded) = decoding.await.map_err(|e| RunError::Internal(e.to_string()))?;
+        next = batches.next().map(|b| spawn_decode(b, registry.clone()));
+        if !applier.apply(&batch, decoded, shutdown).await {
+            return Ok(false);
+        }
+        let n = committed.fetch_add(1, Ordering::SeqCst) + 1;
+        if let Some(hook) = &applier.options.after_commit {
+            hook(n).await;
+        }
+        store_offsets(consumer, applier.subscription, &batch);
+    }
+    Ok(true)
+}
+
+fn spawn_decode(batch: Vec<OwnedMessage>, registry: Registry) -> tokio::task::JoinHandle<(Vec<OwnedMessage>, Decoded)> {
+    tokio::task::spawn_blocking(move || {
+        let decoded = decode(&batch, &registry);
+        (batch, decoded)
+    })
+}
+
+/// Groups records by partition into at most `lanes` lanes (a partition stays
+/// in one lane, its records in order), each cut into batches of `size`.
+fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec<Vec<OwnedMessage>>> {
+    let mut partitions: BTreeMap<(String, i32), Vec<OwnedMessage>> = BTreeMap::new();
+    for msg in records {
+        partitions.entry((msg.topic().to_owned(), msg.partition())).or_default().push(msg);
+    }
+    let lanes = lanes.max(1);
+    let mut by_lane: Vec<Vec<OwnedMessage>> = (0..lanes).map(|_| Vec::new()).collect();
+    for (i, (_, msgs)) in partitions.into_iter().enumerate() {
+        by_lane[i % lanes].extend(msgs);
+    }
+    by_lane
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut batches = Vec::new();
+            let mut records = l.into_iter().peekable();
+            while records.peek().is_some() {
+                batches.push(records.by_ref().take(size.max(1)).collect());
+            }
+            batches
+        })
+        .collect()
+}
+
+/// Receives up to `2 × lanes × max_batch` records, waiting at most `max_wait` after the
 /// first. `None` on shutdown.
 ///
 /// A rebalance can only run inside `recv()`. When one revoked partitions,
@@ -133,7 +202,9 @@ async fn collect(
         msg = consumer.recv() => msg,
     };
     consumer.context().take_revoked();
-    let mut batch = Vec::with_capacity(options.max_batch);
+    // Two batches per lane: one in the database while the next is decoded.
+    let limit = options.max_batch.max(1) * options.lanes.max(1) * 2;
+    let mut batch = Vec::with_capacity(limit);
     match first {
         Ok(msg) => batch.push(msg.detach()),
         Err(e) => {
@@ -142,7 +213,7 @@ async fn collect(
         }
     }
     let deadline = Instant::now() + options.max_wait;
-    while batch.len() < options.max_batch {
+    while batch.len() < limit {
         let received = tokio::time::timeout_at(deadline, consumer.recv()).await;
         let revoked = consumer.context().take_revoked();
         if !revoked.is_empty() {

@@ -47,13 +47,16 @@ pub trait EventData: Serialize + DeserializeOwned {
     /// default, numbers promote).
     fn from_avro_with(writer: &Schema, writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
         bound_allocations();
-        let reader = schema::by_file(Self::SCHEMA_FILE)?;
+        // Resolution is only needed across schema versions, and it is costly
+        // (it walks both schemas on every call): skip it for the same file.
+        // (A registry never replaces an embedded file, so same name, same schema.)
+        let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
         let err = |reason: String| EnvelopeError::Data {
             schema: writer_file.to_owned(),
             reason,
         };
         let mut input = bytes;
-        let value = from_avro_datum(writer, &mut input, Some(reader)).map_err(|e| match failing_field(writer, bytes) {
+        let value = from_avro_datum(writer, &mut input, reader).map_err(|e| match failing_field(writer, bytes) {
             Some(field) => err(format!("field `{field}`: {e}")),
             None => err(e.to_string()),
         })?;

@@ -59,7 +59,7 @@ impl Handler for NotifyHandler {
 
 async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> Result<(), StoreError> {
     let now = now_ms();
-    for chunk in rows.chunks(500) {
+    for chunk in herald_store::outbox::statement_chunks(&rows) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
         let sql = format!(

@@ -48,9 +48,6 @@ impl Handler for SearchHandler {
     }
 }
 
-/// Rows per statement: 9 binds each.
-const UPSERT_CHUNK: usize = 500;
-
 /// [`upsert`] for many documents, a few statements instead of one per row.
 async fn upsert_many(tx: &mut Tx<'_>, docs: &[&ExportCompleted]) -> Result<(), StoreError> {
     if docs.is_empty() {
@@ -61,7 +58,7 @@ async fn upsert_many(tx: &mut Tx<'_>, docs: &[&ExportCompleted]) -> Result<(), S
         .fetch_one(&mut **tx)
         .await?
         .try_get("generation")?;
-    for chunk in docs.chunks(UPSERT_CHUNK) {
+    for chunk in herald_store::outbox::statement_chunks(&docs) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 9 + 1, 9))).collect();
         let sql = format!(

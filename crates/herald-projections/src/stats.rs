@@ -51,7 +51,7 @@ pub fn day_of(ms: i64) -> String {
 async fn increment(tx: &mut Tx<'_>, sums: &BTreeMap<CounterKey, (i64, i64)>) -> Result<(), StoreError> {
     let now = now_ms();
     let entries: Vec<_> = sums.iter().collect();
-    for chunk in entries.chunks(500) {
+    for chunk in herald_store::outbox::statement_chunks(&entries) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 6 + 1, 6))).collect();
         let sql = format!(

@@ -53,10 +53,6 @@ pub struct Entry<'a> {
     pub delivery: Delivery<'a>,
 }
 
-/// Rows per INSERT statement: 8 binds each, well below both backends' limits
-/// on bound parameters (SQLite 32766, PostgreSQL 65535).
-const CLAIM_CHUNK: usize = 500;
-
 /// Claims many keys for `subscription` inside `tx` and returns those seen for
 /// the first time; the caller applies exactly those in the same transaction.
 ///
@@ -72,7 +68,7 @@ pub async fn claim_batch(
     sorted.sort_by(|a, b| a.key.cmp(b.key));
     let now = now_ms();
     let mut first = HashSet::with_capacity(entries.len());
-    for chunk in sorted.chunks(CLAIM_CHUNK) {
+    for chunk in crate::outbox::statement_chunks(&sorted) {
         let values: Vec<String> = (0..chunk.len())
             .map(|i| format!("({})", crate::outbox::placeholders(i * 8 + 1, 8)))
             .collect();

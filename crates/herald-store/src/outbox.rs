@@ -246,3 +246,35 @@ pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), 
     }
     Ok(())
 }
+
+/// Row counts of multi-row statements. Every distinct row count is a distinct
+/// SQL text, and PostgreSQL prepares (parses and plans) each text once per
+/// connection: thousands-of-parameters statements of arbitrary sizes would be
+/// prepared over and over. Cutting batches into these few sizes keeps the
+/// statement cache warm at the cost of a few more round trips for a tail.
+const STATEMENT_ROWS: [usize; 10] = [1000, 500, 200, 100, 50, 20, 10, 5, 2, 1];
+
+/// `items` cut into slices whose lengths are all in [`STATEMENT_ROWS`].
+pub fn statement_chunks<T>(items: &[T]) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let mut rest = items;
+    while !rest.is_empty() {
+        let size = STATEMENT_ROWS.iter().copied().find(|s| *s <= rest.len()).unwrap_or(1);
+        let (head, tail) = rest.split_at(size);
+        out.push(head);
+        rest = tail;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn statement_chunks_use_few_sizes_and_keep_order() {
+        let items: Vec<usize> = (0..2987).collect();
+        let chunks = super::statement_chunks(&items);
+        assert_eq!(chunks.concat(), items);
+        assert!(chunks.iter().all(|c| super::STATEMENT_ROWS.contains(&c.len())));
+        assert!(chunks.len() <= 12, "{}", chunks.len());
+    }
+}

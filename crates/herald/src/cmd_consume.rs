@@ -28,8 +28,6 @@ pub struct ConsumeArgs {
     pub subscription: Name,
     #[command(flatten)]
     pub backends: Backends,
-    // `--topic-prefix` and `--group-prefix` come with `backends`; declaring
-    // them here as well made clap refuse the whole command.
     /// Most records applied in one transaction.
     #[arg(long, env = "HERALD_MAX_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_batch: u32,

@@ -134,8 +134,10 @@ impl Running {
 
 /// Starts API, relay, export worker and the search, stats and notify
 /// subscriptions.
+/// (The dispatcher needs a provider, so it is started by `start_roles` with
+/// `Options::dispatch`, as `herald serve` does.)
 pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
-    start_roles(wiring, Roles::all(listen), Options::default()).await
+    start_roles(wiring, Roles { dispatcher: false, ..Roles::all(listen) }, Options::default()).await
 }
 
 pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {

@@ -35,3 +35,26 @@ fn usage_errors_exit_with_status_2() {
         assert!(!out.stderr.is_empty(), "{args:?} explains itself");
     }
 }
+
+/// Every subcommand's arguments parse together: clap checks for clashing
+/// names (two flattened argument groups both defining `--topic-prefix`, say)
+/// only when a command is built, so build each one.
+#[test]
+fn every_subcommand_builds_its_arguments() {
+    let out = Command::new(env!("CARGO_BIN_EXE_herald")).arg("--help").output().expect("run herald --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.len() >= 10, "{commands:?}");
+    for command in commands {
+        let out = Command::new(env!("CARGO_BIN_EXE_herald")).args([command, "--help"]).output().expect("run help");
+        assert!(out.status.success(), "`herald {command} --help` failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

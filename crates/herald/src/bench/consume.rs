@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use herald_consumer::{Metrics, Options, Subscription};
-use herald_envelope::OutboxEvent;
+use herald_envelope::{ExportCompleted, OutboxEvent};
 use herald_kafka::{EmbeddedKafka, Topics};
 use herald_projections::search::{self, SearchHandler};
 use herald_store::{Db, inbox, now_ms};
@@ -41,6 +41,12 @@ pub struct ConsumeBenchArgs {
     /// Records per transaction.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch: u32,
+    /// Rounds of every measurement; each figure is the best round's.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub rounds: u32,
+    /// Groups of partitions the subscription applies concurrently.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub lanes: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -73,25 +79,41 @@ struct Rates {
     publish_eps: f64,
 }
 
+/// Runs every measurement `rounds` times, interleaved, on fresh records
+/// each round, and keeps each one's best: the machine is shared, and the
+/// best of a few rounds is the figure least disturbed by other tenants.
 async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
     let n = args.events as usize;
     let db = Db::connect_and_migrate(url).await?;
     let run_id = uuid::Uuid::now_v7().simple().to_string();
-    let topics = Topics::with_prefix(&format!("bench-{}", &run_id[24..]));
-    let kafka = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
+    let run_id = &run_id[24..];
+    let rounds: Vec<Topics> = (0..args.rounds).map(|r| Topics::with_prefix(&format!("bench-{run_id}-{r}"))).collect();
+    let all: Vec<&str> = rounds.iter().flat_map(|t| t.all()).collect();
+    let kafka = EmbeddedKafka::start(1, &all, args.partitions)?;
     let brokers = kafka.bootstrap_servers().to_owned();
-    let events = workload::completions(&topics.events, &run_id[24..], n)?;
-
-    let started = Instant::now();
-    workload::publish(&workload::producer(&brokers)?, &events).await?;
-    let publish_eps = n as f64 / started.elapsed().as_secs_f64();
-
-    let raw_consume_eps = raw_consume(&brokers, &topics.events, n).await?;
-    let raw_insert_eps = raw_insert(&db, &events, args.batch as usize).await?;
-    let consume_eps = herald_consume(&db, &brokers, &topics.events, n, args.batch as usize).await?;
+    let producer = workload::producer(&brokers)?;
+    let mut best = Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0 };
+    for (round, topics) in rounds.iter().enumerate() {
+        let tag = format!("{run_id}r{round}");
+        let events = workload::completions(&topics.events, &tag, n)?;
+        let started = Instant::now();
+        workload::publish(&producer, &events).await?;
+        let publish_eps = n as f64 / started.elapsed().as_secs_f64();
+        let raw_consume_eps = raw_consume(&brokers, &topics.events, n).await?;
+        let raw_insert_eps = raw_insert(&db, &events, &tag, args.batch as usize, args.lanes as usize).await?;
+        let consume_eps = herald_consume(&db, &brokers, &topics.events, n * (round + 1), args).await?;
+        eprintln!(
+            "round {}: consume {consume_eps:.0}/s, raw insert {raw_insert_eps:.0}/s, raw consume {raw_consume_eps:.0}/s",
+            round + 1
+        );
+        best.publish_eps = best.publish_eps.max(publish_eps);
+        best.raw_consume_eps = best.raw_consume_eps.max(raw_consume_eps);
+        best.raw_insert_eps = best.raw_insert_eps.max(raw_insert_eps);
+        best.consume_eps = best.consume_eps.max(consume_eps);
+    }
     db.close().await;
     drop(kafka);
-    Ok(Rates { raw_consume_eps, raw_insert_eps, consume_eps, publish_eps })
+    Ok(best)
 }
 
 /// Receives `n` records with Herald's consumer settings and does nothing else.
@@ -110,13 +132,24 @@ async fn raw_consume(brokers: &str, topic: &str, n: usize) -> anyhow::Result<f64
 }
 
 /// Inserts, per event, the rows Herald writes (an inbox row and a search
-/// document) with plain multi-row INSERTs, `batch` events per transaction.
-async fn raw_insert(db: &Db, events: &[OutboxEvent], batch: usize) -> anyhow::Result<f64> {
-    let docs: Vec<_> = (0..events.len()).map(|i| workload::completion("raw", i)).collect();
+/// document) with plain multi-row INSERTs — the same statement sizes as
+/// Herald's (1000 rows), `batch` events per transaction, and as many
+/// concurrent streams as Herald has lanes, so both get the same database.
+async fn raw_insert(db: &Db, events: &[OutboxEvent], tag: &str, batch: usize, lanes: usize) -> anyhow::Result<f64> {
+    let docs: Vec<_> = (0..events.len()).map(|i| workload::completion(&format!("raw-{tag}"), i)).collect();
+    let per_lane = events.len().div_ceil(lanes.max(1));
     let started = Instant::now();
+    let streams = events.chunks(per_lane).zip(docs.chunks(per_lane)).map(|(evs, ds)| raw_insert_stream(db, evs, ds, batch));
+    for done in futures::future::join_all(streams).await {
+        done?;
+    }
+    Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportCompleted], batch: usize) -> anyhow::Result<()> {
     for (chunk_events, chunk_docs) in events.chunks(batch).zip(docs.chunks(batch)) {
         let mut tx = db.begin().await?;
-        for (evs, ds) in chunk_events.chunks(500).zip(chunk_docs.chunks(500)) {
+        for (evs, ds) in chunk_events.chunks(1000).zip(chunk_docs.chunks(1000)) {
             let rows = |width: usize| -> String {
                 (0..evs.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * width + 1, width))).collect::<Vec<_>>().join(", ")
             };
@@ -141,11 +174,13 @@ async fn raw_insert(db: &Db, events: &[OutboxEvent], batch: usize) -> anyhow::Re
         }
         tx.commit().await?;
     }
-    Ok(events.len() as f64 / started.elapsed().as_secs_f64())
+    Ok(())
 }
 
-/// The search subscription itself, until its inbox holds all `n` events.
-async fn herald_consume(db: &Db, brokers: &str, topic: &str, n: usize, batch: usize) -> anyhow::Result<f64> {
+/// The search subscription itself on a fresh group, until its inbox holds
+/// `total` events (this round's and the earlier rounds').
+async fn herald_consume(db: &Db, brokers: &str, topic: &str, total: usize, args: &ConsumeBenchArgs) -> anyhow::Result<f64> {
+    let n = args.events as usize;
     let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), brokers, &[topic]);
     let metrics = Arc::new(Metrics::default());
     // (time, events applied) at the first commit, and time of the last.
@@ -165,13 +200,14 @@ async fn herald_consume(db: &Db, brokers: &str, topic: &str, n: usize, batch: us
             Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         })
     };
-    let options = Options { max_batch: batch, after_commit: Some(hook), ..Options::default() };
+    let options =
+        Options { max_batch: args.batch as usize, lanes: args.lanes as usize, after_commit: Some(hook), ..Options::default() };
     let runner = herald_consume_until(db, &sub, &options, &metrics, done.clone());
     tokio::time::timeout(Duration::from_secs(600), runner).await.context("search subscription did not finish in 10 min")??;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
-    anyhow::ensure!(applied == n as i64, "inbox holds {applied} events, expected {n}");
+    anyhow::ensure!(applied == total as i64, "inbox holds {applied} events, expected {total}");
     let docs = search::count_active(db).await?;
-    anyhow::ensure!(docs == n as i64, "search holds {docs} documents, expected {n}");
+    anyhow::ensure!(docs == total as i64, "search holds {docs} documents, expected {total}");
     let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
     Ok((n as u64 - a0) as f64 / (t1 - t0).as_secs_f64())
 }
@@ -185,6 +221,7 @@ impl Rates {
     fn to_json(&self, args: &ConsumeBenchArgs) -> serde_json::Value {
         json!({
             "events": args.events, "partitions": args.partitions, "batch": args.batch,
+            "rounds": args.rounds, "lanes": args.lanes,
             "consume_eps": self.consume_eps.round(),
             "raw_consume_eps": self.raw_consume_eps.round(),
             "raw_insert_eps": self.raw_insert_eps.round(),
@@ -198,8 +235,8 @@ impl Rates {
 
     fn print(&self, args: &ConsumeBenchArgs) {
         println!(
-            "herald bench consume — {} events, PostgreSQL + in-process Kafka ({} partitions), {} events per transaction\n",
-            args.events, args.partitions, args.batch
+            "herald bench consume — {} events × {} rounds (best round shown), PostgreSQL + in-process Kafka ({} partitions), {} events per transaction, {} lanes\n",
+            args.events, args.rounds, args.partitions, args.batch, args.lanes
         );
         println!("  {:<58} {:>10} {:>12} {:>13}", "measurement", "events/s", "÷ raw insert", "÷ raw consume");
         let row = |name: &str, eps: f64| {
