@@ -56,14 +56,16 @@ pub trait EventData: Serialize + DeserializeOwned {
             reason,
         };
         let mut input = bytes;
-        let value = from_avro_datum(writer, &mut input, reader).map_err(|e| match failing_field(writer, bytes) {
+        let named = |e: apache_avro::Error| match failing_field(writer, bytes) {
             Some(field) => err(format!("field `{field}`: {e}")),
             None => err(e.to_string()),
-        })?;
+        };
+        let value = from_avro_datum(writer, &mut input, reader).map_err(named)?;
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }
-        from_value(&value).map_err(|e| err(e.to_string()))
+        // A string cut short by the end of input arrives here as null.
+        from_value(&value).map_err(named)
     }
 }
 
