@@ -7,7 +7,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use herald_envelope::{DecodedEvent, decode_any};
+use herald_envelope::{DecodedEvent, Registry, decode_any_with};
 use herald_store::dead_letter::{self, NewDeadLetter};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
@@ -23,8 +23,9 @@ pub(crate) type Decoded = Vec<Result<DecodedEvent, String>>;
 
 /// Decodes `batch`; CPU only, so the runtime runs it on the blocking pool
 /// while the previous batch's transaction is in the database.
-pub(crate) fn decode(batch: &[OwnedMessage]) -> Decoded {
-    batch.iter().map(|m| decode_any(m).map_err(|e| e.to_string())).collect()
+/// A record naming a schema `registry` lacks decodes to `unknown schema <file>`.
+pub(crate) fn decode(batch: &[OwnedMessage], registry: &Registry) -> Decoded {
+    batch.iter().map(|m| decode_any_with(m, registry).map_err(|e| e.to_string())).collect()
 }
 
 /// A record as the subscription sees it before touching the database.

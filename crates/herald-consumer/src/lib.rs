@@ -31,6 +31,6 @@ mod error;
 pub use error::{HandlerError, ProcessError, RunError};
 pub use handler::Handler;
 pub use metrics::{Metrics, Snapshot};
-pub use redrive::{Redriven, redrive};
+pub use redrive::{Redriven, redrive, redrive_with};
 pub use runtime::{Processor, Subscription, run};
 pub use subscription::{AfterCommit, Options, run_subscription};

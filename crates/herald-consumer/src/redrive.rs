@@ -3,7 +3,7 @@
 //! inbox has already applied (redriven before, or redelivered and applied
 //! meanwhile) is not applied again.
 
-use herald_envelope::decode_any;
+use herald_envelope::{Registry, decode_any_with};
 use herald_store::dead_letter::{self, DeadLetter};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
@@ -43,13 +43,20 @@ pub fn record_of(letter: &DeadLetter) -> OwnedMessage {
     )
 }
 
-/// Redrives one dead letter of `handler`'s subscription.
+/// Redrives one dead letter of `handler`'s subscription, decoding with the
+/// schemas compiled into this build.
 pub async fn redrive<H: Handler>(db: &Db, handler: &H, letter: &DeadLetter) -> Result<Redriven, StoreError> {
+    redrive_with(db, handler, &Registry::embedded(), letter).await
+}
+
+/// Redrives one dead letter with the writer schemas of `registry`: a letter
+/// set aside as `unknown schema <file>` applies once `registry` has the file.
+pub async fn redrive_with<H: Handler>(db: &Db, handler: &H, registry: &Registry, letter: &DeadLetter) -> Result<Redriven, StoreError> {
     if letter.status != dead_letter::DEAD {
         return Ok(Redriven::NotDead);
     }
     let record = record_of(letter);
-    let event = match decode_any(&record) {
+    let event = match decode_any_with(&record, registry) {
         Ok(event) => event,
         Err(e) => return failed(db, letter, e.to_string()).await,
     };

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use herald_envelope::Registry;
 use herald_envelope::legacy::SOURCE_ALIASES;
 use herald_store::{Db, inbox};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
@@ -42,11 +43,21 @@ pub struct Options {
     pub max_attempts: u32,
     /// Fault-injection point; `None` in production.
     pub after_commit: Option<AfterCommit>,
+    /// Writer schemas this subscription can decode; a record naming another
+    /// is dead-lettered as `unknown schema <file>`.
+    pub registry: Registry,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { max_batch: 1000, max_wait: Duration::from_millis(20), lanes: 2, max_attempts: 3, after_commit: None }
+        Options {
+            max_batch: 1000,
+            max_wait: Duration::from_millis(20),
+            lanes: 2,
+            max_attempts: 3,
+            after_commit: None,
+            registry: Registry::embedded(),
+        }
     }
 }
 
@@ -58,6 +69,7 @@ impl std::fmt::Debug for Options {
             .field("lanes", &self.lanes)
             .field("max_attempts", &self.max_attempts)
             .field("after_commit", &self.after_commit.is_some())
+            .field("schemas", &self.registry.files().collect::<Vec<_>>())
             .finish()
     }
 }
@@ -122,10 +134,11 @@ async fn lane<H: Handler>(
     shutdown: &CancellationToken,
 ) -> Result<bool, RunError> {
     let mut batches = batches.into_iter();
-    let mut next = batches.next().map(spawn_decode);
+    let registry = &applier.options.registry;
+    let mut next = batches.next().map(|b| spawn_decode(b, registry.clone()));
     while let Some(decoding) = next.take() {
         let (batch, decoded) = decoding.await.map_err(|e| RunError::Internal(e.to_string()))?;
-        next = batches.next().map(spawn_decode);
+        next = batches.next().map(|b| spawn_decode(b, registry.clone()));
         if !applier.apply(&batch, decoded, shutdown).await {
             return Ok(false);
         }
@@ -138,9 +151,9 @@ async fn lane<H: Handler>(
     Ok(true)
 }
 
-fn spawn_decode(batch: Vec<OwnedMessage>) -> tokio::task::JoinHandle<(Vec<OwnedMessage>, Decoded)> {
+fn spawn_decode(batch: Vec<OwnedMessage>, registry: Registry) -> tokio::task::JoinHandle<(Vec<OwnedMessage>, Decoded)> {
     tokio::task::spawn_blocking(move || {
-        let decoded = decode(&batch);
+        let decoded = decode(&batch, &registry);
         (batch, decoded)
     })
 }

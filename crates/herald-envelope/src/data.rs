@@ -1,9 +1,21 @@
 //! Typed event data and its Avro binary codec (one datum, no container header).
 
-use apache_avro::{from_avro_datum, from_value, to_avro_datum, to_value};
+use apache_avro::{Schema, from_avro_datum, from_value, to_avro_datum, to_value};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{EnvelopeError, schema};
+
+/// Most bytes one length-prefixed Avro value (a string, bytes) may claim.
+/// apache-avro allocates the claimed length before reading it, up to a
+/// process-wide cap (512 MiB by default): a 10-byte record could make a
+/// consumer allocate half a gigabyte. Herald's records are far below Kafka's
+/// default 1 MiB message limit, so 8 MiB bounds every decode with room.
+pub const MAX_AVRO_ALLOCATION: usize = 8 * 1024 * 1024;
+
+/// Sets the cap before the first decode (apache-avro keeps the first value set).
+fn bound_allocations() {
+    apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
+}
 
 /// Data of one event type, written with one schema file.
 pub trait EventData: Serialize + DeserializeOwned {
@@ -23,24 +35,58 @@ pub trait EventData: Serialize + DeserializeOwned {
         to_avro_datum(schema, value).map_err(|e| err(e.to_string()))
     }
 
-    /// Decodes `bytes` written with `writer_file` into this type.
+    /// Decodes `bytes` written with `writer_file` (a schema compiled into
+    /// this build) into this type.
     fn from_avro(writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
-        let writer = schema::by_file(writer_file)?;
+        Self::from_avro_with(schema::by_file(writer_file)?, writer_file, bytes)
+    }
+
+    /// Decodes `bytes` written with `writer` (file `writer_file`) and
+    /// resolves them into this type's schema (Avro schema resolution: fields
+    /// the reader lacks are skipped, fields the writer lacks take the reader's
+    /// default, numbers promote).
+    fn from_avro_with(writer: &Schema, writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
+        bound_allocations();
         // Resolution is only needed across schema versions, and it is costly
         // (it walks both schemas on every call): skip it for the same file.
+        // (A registry never replaces an embedded file, so same name, same schema.)
         let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
         let err = |reason: String| EnvelopeError::Data {
             schema: writer_file.to_owned(),
             reason,
         };
         let mut input = bytes;
-        let value =
-            from_avro_datum(writer, &mut input, reader).map_err(|e| err(e.to_string()))?;
+        let named = |e: apache_avro::Error| match failing_field(writer, bytes) {
+            Some(field) => err(format!("field `{field}`: {e}")),
+            None => err(e.to_string()),
+        };
+        let value = from_avro_datum(writer, &mut input, reader).map_err(named)?;
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }
-        from_value(&value).map_err(|e| err(e.to_string()))
+        // A string cut short by the end of input arrives here as null.
+        from_value(&value).map_err(named)
     }
+}
+
+/// The first field of the writer's record whose bytes do not decode, so the
+/// error names it (apache-avro's own message does not). Only on the error path.
+/// apache-avro 0.21 decodes a string cut short by the end of input as null
+/// instead of failing, so a null where the schema has none counts as broken.
+fn failing_field(writer: &Schema, bytes: &[u8]) -> Option<String> {
+    let Schema::Record(record) = writer else {
+        return None;
+    };
+    let mut input = bytes;
+    record
+        .fields
+        .iter()
+        .find(|f| match from_avro_datum(&f.schema, &mut input, None) {
+            Err(_) => true,
+            Ok(apache_avro::types::Value::Null) => !matches!(f.schema, Schema::Null | Schema::Union(_)),
+            Ok(_) => false,
+        })
+        .map(|f| f.name.clone())
 }
 
 /// `herald.export.requested`: the command a worker acts on.
@@ -59,7 +105,8 @@ impl EventData for ExportRequested {
     const SCHEMA_FILE: &'static str = "export.requested.v1.avsc";
 }
 
-/// `herald.export.completed`: the fact three downstreams build on.
+/// `herald.export.completed`: the fact three downstreams build on. Written
+/// with v2; data of v1 writers reads with `content_type` at its default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExportCompleted {
     pub job_id: String,
@@ -71,9 +118,40 @@ pub struct ExportCompleted {
     pub sha256: String,
     pub completed_at_ms: i64,
     pub version: i64,
+    /// Media type of the result file (v2). The serde default lets a legacy
+    /// JSON envelope written before v2 decode too.
+    #[serde(default = "default_content_type")]
+    pub content_type: String,
+}
+
+/// The v2 schema's default of `content_type`.
+pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+fn default_content_type() -> String {
+    DEFAULT_CONTENT_TYPE.to_owned()
 }
 
 impl EventData for ExportCompleted {
+    const EVENT_TYPE: &'static str = "herald.export.completed";
+    const SCHEMA_FILE: &'static str = "export.completed.v2.avsc";
+}
+
+/// `herald.export.completed` as a consumer built before v2 reads it. Kept so
+/// both directions of the v1/v2 overlap stay tested against real data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportCompletedV1 {
+    pub job_id: String,
+    pub caller: String,
+    pub format: String,
+    pub query: String,
+    pub result_id: String,
+    pub size_bytes: i64,
+    pub sha256: String,
+    pub completed_at_ms: i64,
+    pub version: i64,
+}
+
+impl EventData for ExportCompletedV1 {
     const EVENT_TYPE: &'static str = "herald.export.completed";
     const SCHEMA_FILE: &'static str = "export.completed.v1.avsc";
 }
@@ -96,6 +174,21 @@ impl EventData for ExportFailed {
     const SCHEMA_FILE: &'static str = "export.failed.v1.avsc";
 }
 
+/// `herald.export.deleted`: the job and its result are gone. The schema is
+/// released ahead of the delete operation that will emit it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportDeleted {
+    pub job_id: String,
+    pub caller: String,
+    pub deleted_at_ms: i64,
+    pub version: i64,
+}
+
+impl EventData for ExportDeleted {
+    const EVENT_TYPE: &'static str = "herald.export.deleted";
+    const SCHEMA_FILE: &'static str = "export.deleted.v1.avsc";
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,7 +204,51 @@ mod tests {
             sha256: "ab".repeat(32),
             completed_at_ms: 1_700_000_000_000,
             version: 2,
+            content_type: "text/csv".into(),
         }
+    }
+
+    fn v1_of(c: &ExportCompleted) -> ExportCompletedV1 {
+        ExportCompletedV1 {
+            job_id: c.job_id.clone(),
+            caller: c.caller.clone(),
+            format: c.format.clone(),
+            query: c.query.clone(),
+            result_id: c.result_id.clone(),
+            size_bytes: c.size_bytes,
+            sha256: c.sha256.clone(),
+            completed_at_ms: c.completed_at_ms,
+            version: c.version,
+        }
+    }
+
+    #[test]
+    fn v1_reader_reads_v2_data_without_the_new_field() {
+        let bytes = completed().to_avro().unwrap();
+        let v1 = ExportCompletedV1::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).unwrap();
+        assert_eq!(v1, v1_of(&completed()));
+    }
+
+    #[test]
+    fn v2_reader_reads_v1_data_with_the_default() {
+        let bytes = v1_of(&completed()).to_avro().unwrap();
+        let v2 = ExportCompleted::from_avro(ExportCompletedV1::SCHEMA_FILE, &bytes).unwrap();
+        assert_eq!(v2, ExportCompleted { content_type: DEFAULT_CONTENT_TYPE.into(), ..completed() });
+    }
+
+    #[test]
+    fn a_huge_claimed_length_is_refused_before_allocating() {
+        // job_id claims 1 GiB (zig-zag varint of 2^30), then the input ends.
+        let bytes = [0x80, 0x80, 0x80, 0x80, 0x08];
+        let err = ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).unwrap_err().to_string();
+        assert!(err.contains("allocate") && err.contains("field `job_id`"), "{err}");
+        assert_eq!(apache_avro::util::max_allocation_bytes(0), MAX_AVRO_ALLOCATION);
+    }
+
+    #[test]
+    fn deleted_round_trips() {
+        let d = ExportDeleted { job_id: "j".into(), caller: "c".into(), deleted_at_ms: 7, version: 4 };
+        assert_eq!(ExportDeleted::from_avro(ExportDeleted::SCHEMA_FILE, &d.to_avro().unwrap()).unwrap(), d);
     }
 
     #[test]
@@ -126,6 +263,8 @@ mod tests {
         let bytes = completed().to_avro().unwrap();
         let err = ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes[..5]).unwrap_err();
         assert!(matches!(err, EnvelopeError::Data { .. }), "{err}");
+        // "j1" and "alice" fit in 5 bytes only partly: the caller is cut off.
+        assert!(err.to_string().contains("field `caller`"), "{err}");
     }
 
     #[test]

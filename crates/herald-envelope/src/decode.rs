@@ -1,39 +1,52 @@
 //! Kafka record → validated Herald event. Every byte on a topic is untrusted.
 
+use std::sync::Arc;
+
+use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use cloudevents::binding::rdkafka::record_to_event;
 use cloudevents::{AttributesReader, Data, Event};
 use rdkafka::message::Message;
 
 use crate::event::AVRO_CONTENT_TYPE;
-use crate::{EnvelopeError, EventData, EventKey, schema};
+use crate::{EnvelopeError, EventData, EventKey, Registry, schema};
 
 /// A CloudEvent read from Kafka whose attributes Herald has checked.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DecodedEvent {
     pub key: EventKey,
     pub event_type: String,
     pub subject: Option<String>,
     pub time: Option<DateTime<Utc>>,
-    /// File under `schemas/` the writer used; already known to this build.
+    /// File under `schemas/` the writer used (its `dataschema`).
     pub schema_file: String,
+    /// That file's schema, from the registry the record was decoded with.
+    pub writer: Arc<Schema>,
     pub data: Vec<u8>,
 }
 
 impl DecodedEvent {
     /// The data as `T`, resolved from the writer's schema into `T`'s.
     pub fn data_as<T: EventData>(&self) -> Result<T, EnvelopeError> {
-        T::from_avro(&self.schema_file, &self.data)
+        T::from_avro_with(&self.writer, &self.schema_file, &self.data)
     }
 }
 
-/// Decodes a Kafka record in CloudEvents binary mode.
+/// Decodes a Kafka record in CloudEvents binary mode, knowing the schemas
+/// compiled into this build.
 pub fn decode_record(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> {
-    let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
-    validate(event)
+    decode_record_with(msg, &Registry::embedded())
 }
 
-fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
+/// Decodes a Kafka record in CloudEvents binary mode; its `dataschema` must
+/// name a schema of `registry`, or the error is `unknown schema <file>`.
+pub fn decode_record_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
+    refuse_what_the_binding_panics_on(msg)?;
+    let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
+    validate(event, registry)
+}
+
+fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
     let id = non_empty("id", event.id())?;
     let source = non_empty("source", event.source().as_str())?;
     let event_type = non_empty("type", event.ty())?;
@@ -46,7 +59,7 @@ fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
         .dataschema()
         .ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
     let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
-    schema::by_file(&schema_file)?;
+    let writer = registry.get(&schema_file)?.clone();
     let data = match event.data() {
         Some(Data::Binary(bytes)) => bytes.clone(),
         Some(_) => return Err(invalid("data", "expected binary Avro data".to_owned())),
@@ -58,8 +71,31 @@ fn validate(event: Event) -> Result<DecodedEvent, EnvelopeError> {
         subject: event.subject().map(str::to_owned),
         time: event.time().copied(),
         schema_file,
+        writer,
         data,
     })
+}
+
+/// cloudevents-sdk 0.9's rdkafka binding unwraps where a record can hold
+/// nothing: a header without a value, and the value of a structured-mode
+/// record. Both were found by the property tests; a panic there would stop a
+/// subscription on one hostile record, so they are refused before the binding
+/// sees them. Herald writes binary mode only, so structured mode is refused
+/// whole.
+fn refuse_what_the_binding_panics_on(msg: &impl Message) -> Result<(), EnvelopeError> {
+    use rdkafka::message::Headers;
+    let Some(headers) = msg.headers() else {
+        return Ok(());
+    };
+    for h in headers.iter() {
+        if h.value.is_none() {
+            return Err(EnvelopeError::NotCloudEvent(format!("header `{}` has no value", h.key)));
+        }
+        if h.key == "content-type" && h.value.is_some_and(|v| v.starts_with(b"application/cloudevents")) {
+            return Err(invalid("content-type", "structured mode; Herald reads binary mode only".to_owned()));
+        }
+    }
+    Ok(())
 }
 
 fn non_empty(name: &'static str, value: &str) -> Result<String, EnvelopeError> {
@@ -93,6 +129,7 @@ mod tests {
             sha256: "00".into(),
             completed_at_ms: 5,
             version: 2,
+            content_type: "application/json".into(),
         }
     }
 
@@ -137,6 +174,31 @@ mod tests {
         for expected in ["ce_id", "ce_source", "ce_type", "ce_specversion", "ce_subject", "ce_time", "ce_dataschema", "content-type"] {
             assert!(names.contains(&expected), "{expected} missing from {names:?}");
         }
+    }
+
+    fn with_headers(headers: &[(&str, Option<&[u8]>)], value: Option<Vec<u8>>) -> OwnedMessage {
+        let mut owned = rdkafka::message::OwnedHeaders::new();
+        for (key, value) in headers {
+            owned = owned.insert(rdkafka::message::Header { key, value: *value });
+        }
+        OwnedMessage::new(value, None, "t".into(), Timestamp::NotAvailable, 0, 0, Some(owned))
+    }
+
+    /// Regression (proptest, `headers = [(0, "", None)]`): the binding
+    /// unwrapped the missing value and panicked.
+    #[test]
+    fn header_without_value_is_a_typed_error_not_a_panic() {
+        let msg = with_headers(&[("ce_id", None)], None);
+        let err = decode_record(&msg).unwrap_err();
+        assert_eq!(err.to_string(), "not a CloudEvent in Kafka binary mode: header `ce_id` has no value");
+    }
+
+    /// Regression: a structured-mode content type without a value made the
+    /// binding unwrap the missing payload.
+    #[test]
+    fn structured_mode_is_refused_naming_content_type() {
+        let msg = with_headers(&[("ce_specversion", Some(b"1.0")), ("content-type", Some(b"application/cloudevents+json"))], None);
+        assert!(matches!(decode_record(&msg), Err(EnvelopeError::InvalidAttribute { name: "content-type", .. })));
     }
 
     #[test]

@@ -18,6 +18,9 @@ pub enum EnvelopeError {
     /// `dataschema` names a schema this build does not know.
     #[error("unknown schema {0}")]
     UnknownSchema(String),
+    /// A schema handed to a registry is unusable: fix the file, nothing to retry.
+    #[error("schema {file} is unusable: {reason}")]
+    BadSchema { file: String, reason: String },
     /// No `ce_*` headers, and the value is not a valid legacy envelope.
     #[error("{0}")]
     Legacy(String),

@@ -22,7 +22,7 @@
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 
-use crate::{DecodedEvent, EnvelopeError, EventData, EventKey, ExportCompleted, ExportRequested, SOURCE_EXPORTS, decode_record};
+use crate::{DecodedEvent, EnvelopeError, EventData, EventKey, ExportCompleted, ExportDeleted, ExportFailed, ExportRequested, Registry, SOURCE_EXPORTS, decode_record_with};
 
 /// Legacy `event_source` values and the CloudEvents `source` each stands for.
 /// Inbox rows keyed by an alias are rewritten to the canonical source at
@@ -44,9 +44,14 @@ struct LegacyEnvelope {
 /// Decodes a record in either envelope: CloudEvents binary mode when it has
 /// `ce_*` headers, the legacy JSON envelope otherwise.
 pub fn decode_any(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> {
+    decode_any_with(msg, &Registry::embedded())
+}
+
+/// [`decode_any`] with the writer schemas of `registry`.
+pub fn decode_any_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
     let has_ce = msg.headers().is_some_and(|h| h.iter().any(|h| h.key.starts_with("ce_")));
     if has_ce {
-        return decode_record(msg);
+        return decode_record_with(msg, registry);
     }
     let value = msg.payload().ok_or_else(|| EnvelopeError::NotCloudEvent("no ce_* headers and no value".into()))?;
     decode_legacy(value)
@@ -61,12 +66,15 @@ pub fn decode_legacy(value: &[u8]) -> Result<DecodedEvent, EnvelopeError> {
     }
     let source = normalise_source(&legacy.event_source)?;
     let (schema_file, data) = avro_of(&legacy.event_type, legacy.data)?;
+    // Re-encoded with a schema of this build, so the writer is always known.
+    let writer = Registry::embedded().get(schema_file)?.clone();
     Ok(DecodedEvent {
         key: EventKey { source, id: legacy.event_id },
         event_type: legacy.event_type,
         subject: legacy.subject,
         time: legacy.event_time_ms.and_then(chrono::DateTime::from_timestamp_millis),
         schema_file: schema_file.to_owned(),
+        writer,
         data,
     })
 }
@@ -86,6 +94,8 @@ fn avro_of(event_type: &str, data: serde_json::Value) -> Result<(&'static str, V
     match event_type {
         ExportCompleted::EVENT_TYPE => encode::<ExportCompleted>(data),
         ExportRequested::EVENT_TYPE => encode::<ExportRequested>(data),
+        ExportFailed::EVENT_TYPE => encode::<ExportFailed>(data),
+        ExportDeleted::EVENT_TYPE => encode::<ExportDeleted>(data),
         other => Err(EnvelopeError::Legacy(format!("legacy event type `{other}` is unknown"))),
     }
 }
@@ -130,6 +140,7 @@ mod tests {
             sha256: "00".into(),
             completed_at_ms: 5,
             version: 2,
+            content_type: "text/csv".into(),
         }
     }
 

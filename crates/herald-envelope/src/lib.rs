@@ -1,6 +1,8 @@
 //! Herald's event envelope: what a fact looks like on the wire. No IO.
 //!
-//! - [`schema`]: the Avro schemas of event data, embedded from `schemas/`.
+//! - [`schema`]: the Avro schemas of event data, embedded from `schemas/`,
+//!   and the [`schema::Registry`] a process reads with.
+//! - [`compat`]: the evolution rules `herald schemas check` enforces.
 //! - [`data`]: typed event data and its Avro binary codec.
 //! - [`event`]: an outbox row's event, its CloudEvents form and Kafka record
 //!   in binary content mode (`ce_*` headers).
@@ -11,6 +13,7 @@
 //! The dedup key of a fact is CloudEvents (`source`, `id`) — [`EventKey`] — and
 //! nothing else: not the Kafka offset, not the payload bytes.
 
+pub mod compat;
 pub mod data;
 pub mod decode;
 pub mod event;
@@ -19,8 +22,9 @@ pub mod schema;
 
 mod error;
 
-pub use data::{EventData, ExportCompleted, ExportFailed, ExportRequested};
-pub use decode::{DecodedEvent, decode_record};
+pub use data::{EventData, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested};
+pub use decode::{DecodedEvent, decode_record, decode_record_with};
 pub use error::EnvelopeError;
 pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};
-pub use legacy::decode_any;
+pub use legacy::{decode_any, decode_any_with};
+pub use schema::Registry;

@@ -128,6 +128,14 @@ impl ArtifactStore {
 
 /// The export's content. The reference domain has no real data source, so a
 /// deterministic table derived from the query stands in for one.
+/// Media type of a result file of `format`, as [`render`] writes it.
+pub fn content_type(format: &str) -> &'static str {
+    match format {
+        "json" => "application/json",
+        _ => "text/csv",
+    }
+}
+
 pub fn render(job: &Job) -> Vec<u8> {
     let rows = (1..=10).map(|n| (n, format!("{} #{n}", job.query)));
     match job.format.as_str() {

@@ -127,6 +127,7 @@ pub async fn complete(db: &Db, topics: &Topics, attempt: &Attempt, artifact: &St
         sha256: artifact.sha256.clone(),
         completed_at_ms: now,
         version,
+        content_type: crate::artifact::content_type(&job.format).to_owned(),
     };
     outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
     match faults.at(FaultPoint::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {

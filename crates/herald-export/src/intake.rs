@@ -42,9 +42,25 @@ pub struct ExportRequest {
 
 impl ExportRequest {
     /// Parses and validates a JSON body; every failure names the field.
+    /// Field by field rather than with the derived `Deserialize`, whose
+    /// messages ("unknown variant `xml`", "invalid type: integer") do not say
+    /// which field is wrong.
     pub fn from_json(body: &[u8]) -> Result<ExportRequest, ExportError> {
-        let request: ExportRequest =
-            serde_json::from_slice(body).map_err(|e| ExportError::Invalid(e.to_string()))?;
+        let invalid = |m: String| ExportError::Invalid(m);
+        let value: serde_json::Value = serde_json::from_slice(body).map_err(|e| invalid(format!("body: {e}")))?;
+        let serde_json::Value::Object(fields) = value else {
+            return Err(invalid("body: expected a JSON object with `format` and `query`".into()));
+        };
+        if let Some(unknown) = fields.keys().find(|k| !matches!(k.as_str(), "format" | "query")) {
+            return Err(invalid(format!("{unknown}: unknown field, expected `format` or `query`")));
+        }
+        let text = |name: &str| match fields.get(name) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(other) => Err(invalid(format!("{name}: expected a string, got {other}"))),
+            None => Err(invalid(format!("{name}: missing field `{name}`"))),
+        };
+        let format = Format::parse(&text("format")?)?;
+        let request = ExportRequest { format, query: text("query")? };
         request.validate()?;
         Ok(request)
     }
@@ -98,11 +114,14 @@ mod tests {
     #[test]
     fn invalid_bodies_name_the_problem() {
         for (body, needle) in [
-            (&br#"{"format":"xml","query":"q"}"#[..], "unknown variant"),
+            (&br#"{"format":"xml","query":"q"}"#[..], "format `xml` is not one of csv, json"),
+            (br#"{"format":1,"query":"q"}"#, "format: expected a string"),
+            (br#"{"format":"csv","query":["q"]}"#, "query: expected a string"),
+            (br#"[1]"#, "body: expected a JSON object"),
             (br#"{"format":"csv","query":"  "}"#, "query"),
             (br#"{"format":"csv"}"#, "query"),
             (br#"{"format":"csv","query":"q","extra":1}"#, "extra"),
-            (b"not json", "expected"),
+            (b"not json", "body: expected"),
         ] {
             let err = ExportRequest::from_json(body).unwrap_err().to_string();
             assert!(err.contains(needle), "{err} should mention {needle}");

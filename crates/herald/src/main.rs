@@ -67,6 +67,8 @@ enum Command {
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
     Inbox(cmd_inbox::InboxArgs),
+    /// Event data schemas: `check` their evolution under the declared modes.
+    Schemas(herald::cmd_schemas::SchemasArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
@@ -133,6 +135,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,
         Command::Inbox(args) => cmd_inbox::run(args).await,
+        Command::Schemas(args) => herald::cmd_schemas::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;

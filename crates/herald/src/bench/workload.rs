@@ -18,6 +18,7 @@ pub fn completion(run: &str, i: usize) -> ExportCompleted {
         job_id,
         caller: format!("caller-{}", i % 7),
         format: if i % 2 == 0 { "csv" } else { "json" }.to_owned(),
+        content_type: if i % 2 == 0 { "text/csv" } else { "application/json" }.to_owned(),
         query: format!("bench export {i}"),
         size_bytes: 1000 + i as i64,
         sha256: "ab".repeat(32),
