@@ -40,27 +40,38 @@ pub struct OutboxRow {
     pub event: OutboxEvent,
 }
 
+/// Columns every written outbox row sets, in the order [`bind_row`] binds them.
+const INSERT_COLUMNS: &str = "event_id, source, event_type, subject, event_time_ms, schema_file, \
+     data, topic, partition_key, status, created_at_ms, slice";
+const INSERT_COLUMN_COUNT: usize = 12;
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+/// Binds one row's values: the single place that decides what a new outbox
+/// row holds, for single and bulk appends alike.
+fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQuery<'q> {
+    query
+        .bind(&event.id)
+        .bind(&event.source)
+        .bind(&event.event_type)
+        .bind(&event.subject)
+        .bind(event.time.timestamp_millis())
+        .bind(&event.schema_file)
+        .bind(&event.data)
+        .bind(&event.topic)
+        .bind(&event.partition_key)
+        .bind(PENDING)
+        .bind(now)
+        .bind(crate::relay::slice_of(&event.partition_key))
+}
+
 /// Appends `event` inside the caller's transaction; returns its sequence.
 pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreError> {
-    let row = sqlx::query(
-        "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
-         data, topic, partition_key, status, created_at_ms, slice) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING seq",
-    )
-    .bind(&event.id)
-    .bind(&event.source)
-    .bind(&event.event_type)
-    .bind(&event.subject)
-    .bind(event.time.timestamp_millis())
-    .bind(&event.schema_file)
-    .bind(&event.data)
-    .bind(&event.topic)
-    .bind(&event.partition_key)
-    .bind(PENDING)
-    .bind(now_ms())
-    .bind(crate::relay::slice_of(&event.partition_key))
-    .fetch_one(&mut **tx)
-    .await?;
+    let sql = format!(
+        "INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq",
+        placeholders(1, INSERT_COLUMN_COUNT)
+    );
+    let row = bind_row(sqlx::query(&sql), event, now_ms()).fetch_one(&mut **tx).await?;
     Ok(row.try_get("seq")?)
 }
 
@@ -216,31 +227,15 @@ pub async fn seqs_with_status(db: &Db, status: &str) -> Result<Vec<i64>, StoreEr
 /// Appends many events inside the caller's transaction, several rows per
 /// statement (bulk writers, benchmarks). Same rows as [`append`].
 pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), StoreError> {
-    const COLUMNS: usize = 12;
+    let now = now_ms();
     for chunk in events.chunks(400) {
         let values: Vec<String> = (0..chunk.len())
-            .map(|i| format!("({})", placeholders(1 + i * COLUMNS, COLUMNS)))
+            .map(|i| format!("({})", placeholders(1 + i * INSERT_COLUMN_COUNT, INSERT_COLUMN_COUNT)))
             .collect();
-        let sql = format!(
-            "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
-             data, topic, partition_key, status, created_at_ms, slice) VALUES {}",
-            values.join(", ")
-        );
+        let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES {}", values.join(", "));
         let mut query = sqlx::query(&sql);
         for event in chunk {
-            query = query
-                .bind(&event.id)
-                .bind(&event.source)
-                .bind(&event.event_type)
-                .bind(&event.subject)
-                .bind(event.time.timestamp_millis())
-                .bind(&event.schema_file)
-                .bind(&event.data)
-                .bind(&event.topic)
-                .bind(&event.partition_key)
-                .bind(PENDING)
-                .bind(now_ms())
-                .bind(crate::relay::slice_of(&event.partition_key));
+            query = bind_row(query, event, now);
         }
         query.execute(&mut **tx).await?;
     }
