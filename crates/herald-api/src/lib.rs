@@ -4,10 +4,12 @@
 //! - [`problem`]: every error as `application/problem+json` (RFC 9457).
 //! - [`routes`]: the endpoints; each answers only after its transaction
 //!   committed, so a 202 is a promise the database already keeps.
+//! - [`observe`]: `/metrics`, `/status`, `/status.json` from a `herald_status::Monitor`.
 
 pub mod auth;
+pub mod observe;
 pub mod problem;
 pub mod routes;
 
 pub use auth::Tokens;
-pub use routes::{AppState, router, serve};
+pub use routes::{AppState, router, serve, serve_router};

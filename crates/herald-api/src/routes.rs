@@ -44,7 +44,13 @@ pub fn router(state: AppState) -> Router {
 /// Serves `router(state)` on `listener` until `shutdown`, finishing requests
 /// in flight.
 pub async fn serve(listener: TcpListener, state: AppState, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
+    serve_router(listener, router(state), shutdown).await
+}
+
+/// Serves `app` (e.g. `router(state)` merged with `observe::routes`) until
+/// `shutdown`, finishing requests in flight.
+pub async fn serve_router(listener: TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+    axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }

@@ -3,7 +3,7 @@
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
 use herald::notify_args::{NotifyArgs, hook_from_env};
-use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, config, demo, pipeline};
+use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status, config, demo, pipeline};
 
 use std::process::ExitCode;
 
@@ -46,6 +46,8 @@ enum Command {
     },
     /// Run the relay alone (outbox → Kafka); any number of instances.
     Relay(cmd_relay::RelayArgs),
+    /// Backlog, claims, lag, dead letters, intents, jobs, latency, generations.
+    Status(cmd_status::StatusArgs),
     /// Inspect the outbox and redrive rows the relay set aside.
     Outbox(cmd_outbox::OutboxArgs),
     /// Run one subscription (search, stats or notify) alone.
@@ -120,6 +122,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             serve(backends, roles, Some(&lifecycle), None).await
         }
         Command::Relay(args) => cmd_relay::run(args).await,
+        Command::Status(args) => cmd_status::run(args).await,
         Command::Outbox(args) => cmd_outbox::run(args).await,
         Command::Dispatch { backends, notify } => {
             if notify.notify_url.is_none() && backends.database.is_some() {

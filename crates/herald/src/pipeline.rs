@@ -3,6 +3,8 @@
 //! task that takes the shared shutdown token and drains before it returns.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,7 +17,8 @@ use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
 use herald_kafka::Topics;
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
-use herald_relay::{Relay, RelayConfig};
+use herald_relay::{Relay, RelayConfig, RelayStats};
+use herald_status::{KafkaProbe, Monitor, MonitorConfig};
 use herald_store::Db;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -95,6 +98,8 @@ impl Default for Options {
 /// Roles running in this process.
 pub struct Running {
     pub api_addr: Option<SocketAddr>,
+    /// The figures behind `/metrics` and `/status`, when the API role runs.
+    pub monitor: Option<Arc<Monitor>>,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -145,22 +150,45 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     let mut tasks = JoinSet::new();
     let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
     let mut api_addr = None;
+    let mut monitor = None;
     if let Some(listen) = &roles.api {
         let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         api_addr = Some(listener.local_addr()?);
         let intake = IntakeConfig { topics: wiring.topics.clone(), quota: options.quota, policy: options.policy.clone(), faults: options.faults.clone() };
         let state = AppState { db: wiring.db.clone(), intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
-        tasks.spawn(api(listener, state, shutdown.clone()));
+        let figures = start_monitor(&wiring)?;
+        let app = herald_api::router(state).merge(herald_api::observe::routes(figures.clone()));
+        tasks.spawn(api(listener, app, shutdown.clone()));
+        tasks.spawn({
+            let (figures, shutdown) = (figures.clone(), shutdown.clone());
+            async move {
+                figures.run(shutdown).await;
+                Ok(())
+            }
+        });
+        monitor = Some(figures);
     }
     if roles.relay {
-        tasks.spawn(relay(wiring.clone(), shutdown.clone()));
+        let relay = Relay::new(wiring.db.clone(), &wiring.brokers, RelayConfig::default())?;
+        if let Some(monitor) = &monitor {
+            publish_relay_counters(monitor, relay.stats());
+        }
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            relay.run(shutdown).await;
+            Ok(())
+        });
     }
     if roles.worker {
         spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
     }
     if roles.subscriptions {
         for name in subscriptions::Name::ALL {
-            tasks.spawn(subscription(name, wiring.clone(), shutdown.clone()));
+            let metrics = Arc::new(Metrics::default());
+            if let Some(monitor) = &monitor {
+                publish_subscription_counters(monitor, name.as_str(), &metrics);
+            }
+            tasks.spawn(subscription(name, wiring.clone(), metrics, shutdown.clone()));
         }
     }
     if roles.dispatcher {
@@ -172,17 +200,49 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
             Ok(())
         });
     }
-    Ok(Running { api_addr, shutdown, tasks })
+    Ok(Running { api_addr, monitor, shutdown, tasks })
 }
 
-async fn api(listener: TcpListener, state: AppState, shutdown: CancellationToken) -> anyhow::Result<()> {
-    herald_api::serve(listener, state, shutdown).await.context("http server")
+async fn api(listener: TcpListener, app: axum::Router, shutdown: CancellationToken) -> anyhow::Result<()> {
+    herald_api::serve_router(listener, app, shutdown).await.context("http server")
 }
 
-async fn relay(wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let relay = Relay::new(wiring.db, &wiring.brokers, RelayConfig::default())?;
-    relay.run(shutdown).await;
-    Ok(())
+/// The status figures of this deployment, refreshed every second for
+/// `/metrics` and `/status`.
+fn start_monitor(wiring: &Wiring) -> anyhow::Result<Arc<Monitor>> {
+    let names: Vec<&str> = subscriptions::Name::ALL.iter().map(|n| n.as_str()).collect();
+    let probe = KafkaProbe::new(&wiring.brokers, &wiring.topics, &wiring.group_prefix, &names, Duration::from_secs(5))?;
+    Ok(Monitor::new(wiring.db.clone(), Some(probe), MonitorConfig::new(&names))?)
+}
+
+/// The relay's own counters (this process's relay only) as Prometheus counters.
+fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayStats>) {
+    let counters: [(&'static str, fn(&RelayStats) -> &AtomicU64); 5] = [
+        ("herald_relay_records_sent_total", |s| &s.sent),
+        ("herald_relay_rows_delivered_total", |s| &s.delivered),
+        ("herald_relay_rows_retried_total", |s| &s.retried),
+        ("herald_relay_rows_set_aside_total", |s| &s.set_aside),
+        ("herald_relay_progress_fenced_total", |s| &s.fenced),
+    ];
+    for (name, field) in counters {
+        let stats = stats.clone();
+        monitor.register_counter(name, &[], move || field(&stats).load(Ordering::Relaxed));
+    }
+}
+
+/// A subscription's counters in this process, labelled with its name.
+fn publish_subscription_counters(monitor: &Monitor, name: &str, metrics: &Arc<Metrics>) {
+    let counters: [(&'static str, fn(&Metrics) -> &AtomicU64); 5] = [
+        ("herald_consumer_events_applied_total", |m| &m.applied),
+        ("herald_consumer_duplicates_total", |m| &m.duplicates),
+        ("herald_consumer_dead_lettered_total", |m| &m.dead_lettered),
+        ("herald_consumer_batches_total", |m| &m.batches),
+        ("herald_consumer_retries_total", |m| &m.retries),
+    ];
+    for (counter, field) in counters {
+        let metrics = metrics.clone();
+        monitor.register_counter(counter, &[("subscription", name)], move || field(&metrics).load(Ordering::Relaxed));
+    }
 }
 
 fn spawn_worker_roles(
@@ -214,8 +274,8 @@ fn spawn_worker_roles(
 
 /// One subscription of the events topic; each is its own consumer group, so
 /// a slow or stopped one holds none of the others back.
-async fn subscription(name: subscriptions::Name, wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn subscription(name: subscriptions::Name, wiring: Wiring, metrics: Arc<Metrics>, shutdown: CancellationToken) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
-    subscriptions::run(name, &wiring.db, &sub, &ConsumerOptions::default(), &Metrics::default(), shutdown).await?;
+    subscriptions::run(name, &wiring.db, &sub, &ConsumerOptions::default(), &metrics, shutdown).await?;
     Ok(())
 }

@@ -1,0 +1,51 @@
+//! What Herald is doing right now, in figures: outbox backlog and age, relay
+//! claims, per-subscription lag, inbox rows and dead letters, notification
+//! intents by status, export jobs by status and their intake-to-terminal
+//! latency, projection generations.
+//!
+//! One collector feeds three views: `herald status` (text or JSON),
+//! `GET /metrics` (Prometheus text, through the `metrics` crate) and
+//! `GET /status` (a self-refreshing dashboard over `GET /status.json`).
+//!
+//! - [`figures`]: the figures as plain data, and the percentile rule (no IO).
+//! - [`queries`]: the database side (sqlx, one SQL path for PostgreSQL and SQLite).
+//! - [`lag`]: the broker side (rdkafka): end offsets minus committed offsets.
+//! - [`text`]: the human table.
+//! - [`monitor`]: a refresh loop for long-running processes, with a ring
+//!   buffer of recent samples and the Prometheus registry.
+
+mod error;
+pub mod figures;
+pub mod lag;
+pub mod monitor;
+mod prometheus;
+pub mod queries;
+pub mod text;
+
+pub use error::StatusError;
+pub use figures::{Sample, Status};
+pub use lag::KafkaProbe;
+pub use monitor::{Monitor, MonitorConfig};
+
+/// The dashboard page served at `GET /status`: self-contained (inline CSS,
+/// JS and SVG, nothing fetched from elsewhere), polling `GET /status.json`.
+pub const DASHBOARD_HTML: &str = include_str!("dashboard.html");
+
+/// Collects every figure once: the database's, and the broker's when a
+/// probe is given (`None`: lag is left out and said so).
+pub async fn collect(db: &herald_store::Db, probe: Option<&KafkaProbe>, subscriptions: &[&str]) -> Result<Status, StatusError> {
+    let now = herald_store::now_ms();
+    let (database, kafka) = tokio::join!(queries::collect(db, subscriptions, now), async {
+        match probe {
+            Some(p) => Some(p.collect().await),
+            None => None,
+        }
+    });
+    let mut status = database?;
+    match kafka {
+        Some(Ok(kafka)) => status.apply_kafka(kafka),
+        Some(Err(e)) => status.kafka_error = Some(e.to_string()),
+        None => status.kafka_error = Some("no broker given (--kafka or HERALD_KAFKA_BROKERS): lag not measured".into()),
+    }
+    Ok(status)
+}

@@ -1,0 +1,58 @@
+//! `herald status [--json]`: the figures of a running deployment, once —
+//! the same collector `/metrics` and `/status` refresh.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use herald_kafka::Topics;
+use herald_status::KafkaProbe;
+use herald_store::Db;
+
+use crate::subscriptions::Name;
+
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Database URL (postgres://… or sqlite://…).
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Kafka bootstrap servers; without them lag is not measured (and said so).
+    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
+    pub kafka: Option<String>,
+    /// Prefix of Herald's topic names, as the deployment uses it.
+    #[arg(long, env = "HERALD_TOPIC_PREFIX")]
+    pub topic_prefix: Option<String>,
+    /// Prefix of consumer group ids (`<prefix>.<subscription>`).
+    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
+    pub group_prefix: String,
+    /// How long to wait for each broker answer.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub kafka_timeout: Duration,
+    /// One JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let Some(url) = &args.database else {
+        eprintln!("error: `herald status` needs --database (or HERALD_DATABASE_URL)");
+        return Ok(ExitCode::from(2));
+    };
+    // Connect only: a status look must not migrate a database it was pointed at.
+    let db = Db::connect(url).await?;
+    let names: Vec<&str> = Name::ALL.iter().map(|n| n.as_str()).collect();
+    let probe = match &args.kafka {
+        Some(brokers) => {
+            let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+            Some(KafkaProbe::new(brokers, &topics, &args.group_prefix, &names, args.kafka_timeout)?)
+        }
+        None => None,
+    };
+    let status = herald_status::collect(&db, probe.as_ref(), &names).await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&status)?);
+    } else {
+        print!("{}", herald_status::text::render(&status));
+    }
+    Ok(ExitCode::SUCCESS)
+}
