@@ -114,3 +114,43 @@ fn record_status(s: &Status) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::figures::SubscriptionFigures;
+
+    #[test]
+    fn figures_render_as_prometheus_gauges_counters_and_a_histogram() -> Result<(), StatusError> {
+        let registry = Registry::new()?;
+        let mut s = Status::default();
+        s.outbox.backlog = 7;
+        s.outbox.oldest_pending_age_ms = Some(2_500);
+        s.subscriptions.push(SubscriptionFigures { name: "search".into(), lag: Some(4), inbox_rows: 9, ..SubscriptionFigures::default() });
+        s.subscriptions.push(SubscriptionFigures { name: "stats".into(), lag: None, ..SubscriptionFigures::default() });
+        s.jobs.by_status.insert("succeeded".into(), 3);
+        s.notifications.by_status.insert("unknown".into(), 1);
+        let counter = CounterSource { name: "herald_relay_rows_delivered_total", labels: vec![], read: Box::new(|| 12) };
+        registry.record(&s, &[200, 3_000], &[counter]);
+        let text = registry.render();
+        for line in [
+            "herald_outbox_backlog 7",
+            "herald_outbox_oldest_pending_age_seconds 2.5",
+            "herald_subscription_lag{subscription=\"search\"} 4",
+            "herald_subscription_inbox_rows{subscription=\"search\"} 9",
+            "herald_export_jobs{status=\"succeeded\"} 3",
+            "herald_export_jobs{status=\"running\"} 0",
+            "herald_notification_intents{status=\"unknown\"} 1",
+            "herald_relay_rows_delivered_total 12",
+            "herald_export_latency_seconds_bucket{le=\"0.25\"} 1",
+            "herald_export_latency_seconds_bucket{le=\"5\"} 2",
+            "herald_export_latency_seconds_count 2",
+            "# TYPE herald_export_latency_seconds histogram",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+        }
+        // Unknown lag is absent, not a made-up zero.
+        assert!(!text.contains("herald_subscription_lag{subscription=\"stats\"}"), "{text}");
+        Ok(())
+    }
+}
