@@ -7,11 +7,14 @@ use crate::figures::Status;
 
 /// Milliseconds as a short duration: `850ms`, `12.3s`, `4m05s`, `2h10m`.
 pub fn duration(ms: i64) -> String {
-    match ms {
-        ..1_000 => format!("{ms}ms"),
-        ..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
-        ..3_600_000 => format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000),
-        _ => format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000),
+    if ms < 1_000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if ms < 3_600_000 {
+        format!("{}m{:02}s", ms / 60_000, ms % 60_000 / 1000)
+    } else {
+        format!("{}h{:02}m", ms / 3_600_000, ms % 3_600_000 / 60_000)
     }
 }
 

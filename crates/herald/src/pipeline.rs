@@ -215,9 +215,12 @@ fn start_monitor(wiring: &Wiring) -> anyhow::Result<Arc<Monitor>> {
     Ok(Monitor::new(wiring.db.clone(), Some(probe), MonitorConfig::new(&names))?)
 }
 
+/// One counter of a runtime's counters struct.
+type Field<T> = fn(&T) -> &AtomicU64;
+
 /// The relay's own counters (this process's relay only) as Prometheus counters.
 fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayStats>) {
-    let counters: [(&'static str, fn(&RelayStats) -> &AtomicU64); 5] = [
+    let counters: [(&'static str, Field<RelayStats>); 5] = [
         ("herald_relay_records_sent_total", |s| &s.sent),
         ("herald_relay_rows_delivered_total", |s| &s.delivered),
         ("herald_relay_rows_retried_total", |s| &s.retried),
@@ -232,7 +235,7 @@ fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayStats>) {
 
 /// A subscription's counters in this process, labelled with its name.
 fn publish_subscription_counters(monitor: &Monitor, name: &str, metrics: &Arc<Metrics>) {
-    let counters: [(&'static str, fn(&Metrics) -> &AtomicU64); 5] = [
+    let counters: [(&'static str, Field<Metrics>); 5] = [
         ("herald_consumer_events_applied_total", |m| &m.applied),
         ("herald_consumer_duplicates_total", |m| &m.duplicates),
         ("herald_consumer_dead_lettered_total", |m| &m.dead_lettered),
