@@ -162,6 +162,7 @@ async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArg
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
     if let Some(addr) = running.api_addr {
         println!("herald listening on http://{addr}");
+        println!("dashboard http://{addr}/status, Prometheus metrics http://{addr}/metrics");
         if let Some(token) = &env.default_token {
             println!("API token for caller `demo`: {token}");
             println!("try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{addr}/v1/exports");
