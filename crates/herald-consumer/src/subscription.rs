@@ -39,6 +39,12 @@ pub struct Options {
     pub max_wait: Duration,
     /// Groups of partitions applied concurrently, each in its own transaction.
     pub lanes: usize,
+    /// Batches per lane received in one poll. Kafka is not polled while a
+    /// lane is in the database, so each poll ends with a pause (receiving,
+    /// decoding the first batch) in which the database idles: more batches
+    /// per poll, fewer pauses per event, at the cost of a longer wait before
+    /// a rebalance is served.
+    pub batches_per_poll: usize,
     /// Attempts of a record the handler rejects before it is dead-lettered.
     pub max_attempts: u32,
     /// Fault-injection point; `None` in production.
@@ -54,6 +60,7 @@ impl Default for Options {
             max_batch: 1000,
             max_wait: Duration::from_millis(20),
             lanes: 2,
+            batches_per_poll: 4,
             max_attempts: 3,
             after_commit: None,
             registry: Registry::embedded(),
@@ -67,6 +74,7 @@ impl std::fmt::Debug for Options {
             .field("max_batch", &self.max_batch)
             .field("max_wait", &self.max_wait)
             .field("lanes", &self.lanes)
+            .field("batches_per_poll", &self.batches_per_poll)
             .field("max_attempts", &self.max_attempts)
             .field("after_commit", &self.after_commit.is_some())
             .field("schemas", &self.registry.files().collect::<Vec<_>>())
@@ -184,7 +192,7 @@ fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec
         .collect()
 }
 
-/// Receives up to `2 × lanes × max_batch` records, waiting at most `max_wait` after the
+/// Receives up to `batches_per_poll × lanes × max_batch` records, waiting at most `max_wait` after the
 /// first. `None` on shutdown.
 ///
 /// A rebalance can only run inside `recv()`. When one revoked partitions,
@@ -202,8 +210,8 @@ async fn collect(
         msg = consumer.recv() => msg,
     };
     consumer.context().take_revoked();
-    // Two batches per lane: one in the database while the next is decoded.
-    let limit = options.max_batch.max(1) * options.lanes.max(1) * 2;
+    // At least two batches per lane: one in the database while the next is decoded.
+    let limit = options.max_batch.max(1) * options.lanes.max(1) * options.batches_per_poll.max(2);
     let mut batch = Vec::with_capacity(limit);
     match first {
         Ok(msg) => batch.push(msg.detach()),

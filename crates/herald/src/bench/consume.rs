@@ -47,6 +47,9 @@ pub struct ConsumeBenchArgs {
     /// Groups of partitions the subscription applies concurrently.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=16))]
     pub lanes: u32,
+    /// Batches per lane received in one Kafka poll.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
+    pub batches_per_poll: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -201,7 +204,13 @@ async fn herald_consume(db: &Db, brokers: &str, topic: &str, total: usize, args:
         })
     };
     let options =
-        Options { max_batch: args.batch as usize, lanes: args.lanes as usize, after_commit: Some(hook), ..Options::default() };
+        Options {
+        max_batch: args.batch as usize,
+        lanes: args.lanes as usize,
+        batches_per_poll: args.batches_per_poll as usize,
+        after_commit: Some(hook),
+        ..Options::default()
+    };
     let runner = herald_consume_until(db, &sub, &options, &metrics, done.clone());
     tokio::time::timeout(Duration::from_secs(600), runner).await.context("search subscription did not finish in 10 min")??;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
