@@ -144,6 +144,6 @@ async fn audit(wiring: &crate::pipeline::Wiring, provider_url: &str) -> anyhow::
 
 fn audit_check(c: &herald_audit::CheckReport) -> Check {
     let first = c.violations.first().map(|v| format!(": {} {}", v.kind, v.detail)).unwrap_or_default();
-    let detail = format!("{} checked, {} violation(s){first}", c.checked, c.violations.len());
-    Check::new(&format!("audit {} — invariant {}", c.check, c.invariant), c.ran && c.violations.is_empty(), detail)
+    let detail = format!("{} checked, {} violation(s){first} — invariant {}", c.checked, c.violations.len(), c.invariant);
+    Check::new(&format!("audit {}", c.check), c.ran && c.violations.is_empty(), detail)
 }

@@ -57,7 +57,7 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
         Check::new(
             "rebuild verified and switched reads",
             report.switched && after == report.generation && report.documents == Some(n),
-            format!("active {before} → {after}, {:?} documents verified equal", report.documents),
+            format!("active {before} → {after}, {} documents verified equal", report.documents.unwrap_or(0)),
         ),
         Check::new(
             "replay sent no notification",
