@@ -14,6 +14,8 @@ pub struct Broker {
     pub port: u16,
     child: Option<Child>,
     pub stops: u64,
+    /// Relays restarted when the broker came back (see `bring_broker_back`).
+    pub relays_restarted: u64,
 }
 
 /// The command line for a tansu binary, as `scripts/test` starts it: SQLite
@@ -31,7 +33,7 @@ impl Broker {
         // tansu reads a .env from its working directory or any parent: an
         // empty one of its own keeps stray settings out.
         std::fs::write(dir.join(".env"), "")?;
-        Ok(Broker { command: command.replace("{port}", &port.to_string()), dir: dir.to_owned(), port, child: None, stops: 0 })
+        Ok(Broker { command: command.replace("{port}", &port.to_string()), dir: dir.to_owned(), port, child: None, stops: 0, relays_restarted: 0 })
     }
 
     pub fn address(&self) -> String {

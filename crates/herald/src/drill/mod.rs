@@ -145,6 +145,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, command: &str, w
         kills: procs.kills.clone(),
         exits: procs.exits.clone(),
         broker_stops: broker.stops,
+        relays_restarted_with_broker: broker.relays_restarted,
         kafka_records: evidence.kafka.records.len(),
         notification_duplicates: evidence.provider_effects.as_ref().map_or(0, herald_audit::checks::duplicates),
         database: url,
@@ -179,16 +180,28 @@ async fn chaos_loop(args: &DrillArgs, chaos: Duration, procs: &mut Procs, broker
             broker_back_at = Some(Instant::now() + args.broker_down);
         }
         if broker_back_at.is_some_and(|at| Instant::now() >= at) {
-            tracing::info!("drill: starting the broker again");
-            broker.start().await?;
+            bring_broker_back(procs, broker).await?;
             broker_back_at = None;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if broker_back_at.is_some() {
-        broker.start().await?;
+        bring_broker_back(procs, broker).await?;
     }
     Ok(())
+}
+
+/// Starts the broker again. The relays are SIGKILLed first and come back
+/// after it, with new producer ids: tansu 0.6.0 on SQLite panics in its
+/// idempotent-produce check (`lite.rs:503`, "more or less than one row")
+/// when a producer id from before its restart sends again, and the panic
+/// takes its storage service down for every client. Apache Kafka keeps
+/// producer state across restarts; the drill counts these restarts apart
+/// from its random kills (`relays_restarted_with_broker`).
+async fn bring_broker_back(procs: &mut Procs, broker: &mut Broker) -> anyhow::Result<()> {
+    broker.relays_restarted += procs.kill_role("relay").await?;
+    tracing::info!("drill: starting the broker again");
+    broker.start().await
 }
 
 /// Every role as its own process: API, two workers, two relays, each

@@ -91,15 +91,33 @@ impl Procs {
         &self.procs[i].spec.name
     }
 
-    /// SIGKILLs process `i` and schedules its restart.
+    /// SIGKILLs process `i`, counted, and schedules its restart.
     pub async fn kill(&mut self, i: usize) -> anyhow::Result<()> {
+        if self.kill_quietly(i).await? {
+            *self.kills.entry(self.procs[i].spec.role).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    /// SIGKILLs every running process of `role` without counting it as a
+    /// drill kill; returns how many.
+    pub async fn kill_role(&mut self, role: &str) -> anyhow::Result<u64> {
+        let mut n = 0;
+        for i in 0..self.procs.len() {
+            if self.procs[i].spec.role == role && self.kill_quietly(i).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    async fn kill_quietly(&mut self, i: usize) -> anyhow::Result<bool> {
         let proc = &mut self.procs[i];
-        let Some(mut child) = proc.child.take() else { return Ok(()) };
+        let Some(mut child) = proc.child.take() else { return Ok(false) };
         child.start_kill()?;
         child.wait().await?;
-        *self.kills.entry(proc.spec.role).or_default() += 1;
         proc.restart_at = Some(Instant::now() + if proc.spec.consumer { CONSUMER_RESTART } else { RESTART });
-        Ok(())
+        Ok(true)
     }
 
     /// Notices processes that exited on their own, and restarts every

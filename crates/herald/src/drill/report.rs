@@ -21,6 +21,7 @@ pub struct Outcome {
     pub kills: BTreeMap<&'static str, u64>,
     pub exits: BTreeMap<&'static str, u64>,
     pub broker_stops: u64,
+    pub relays_restarted_with_broker: u64,
     pub kafka_records: usize,
     /// Provider effects beyond the first per key.
     pub notification_duplicates: i64,
@@ -60,7 +61,7 @@ impl Outcome {
         row("kills by role", format!("{} ({})", self.kills.values().sum::<u64>(), kills.join(", ")));
         let exits: Vec<String> = self.exits.iter().map(|(role, n)| format!("{role} {n}")).collect();
         row("exits on their own", if exits.is_empty() { "0".into() } else { exits.join(", ") });
-        row("broker stops", self.broker_stops.to_string());
+        row("broker stops", format!("{} (relays restarted with it: {})", self.broker_stops, self.relays_restarted_with_broker));
         row("drain", if self.settled { "settled".into() } else { format!("NOT settled: {:?}", self.progress) });
         row("violations", format!("{} ({} audit, {} intake)", self.violations(), self.audit.violations, l.violations.len()));
         row("notification duplicates", self.notification_duplicates.to_string());
