@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::process::{Child, Command};
 
-/// How long a killed consumer waits before it comes back: past the broker's
-/// session timeout (6 s, herald-kafka), so the dead member has left the group
-/// when the new one joins. The design brief notes that tansu can leave a
-/// group without an assignment when a member joins while a crashed member's
-/// session is still alive; production restarts take that long anyway.
-const CONSUMER_RESTART: Duration = Duration::from_millis(7_000);
+/// How long a killed consumer waits before it comes back: well past the
+/// broker's session timeout (6 s, herald-kafka), so the dead member has left
+/// the group when the new one joins. tansu 0.6.0 can leave a group without
+/// any assignment when a member joins while a crashed member's session is
+/// still alive (design brief, "Backends"); a drill run with a 7 s delay hit
+/// it (the new member got no partitions and stayed idle). That is a gap of
+/// the test broker, documented, not something Herald works around.
+const CONSUMER_RESTART: Duration = Duration::from_millis(10_000);
 /// Other roles come back quickly.
 const RESTART: Duration = Duration::from_millis(700);
 
