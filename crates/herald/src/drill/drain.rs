@@ -48,12 +48,17 @@ pub async fn progress(db: &Db) -> anyhow::Result<Progress> {
     })
 }
 
+/// A consumer role behind and without progress this long is rejoined.
+const STALL: Duration = Duration::from_secs(20);
+
 /// Waits (restarting processes that are down) until `done()` and the
 /// system settled, or `timeout`. Returns the last progress and whether it
-/// settled.
+/// settled. A consumer role that is behind and has not moved for [`STALL`]
+/// is stopped cleanly and started again (`Procs::rejoin`, counted).
 pub async fn wait(db: &Db, procs: &mut Procs, timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow::Result<(Progress, bool)> {
     let deadline = Instant::now() + timeout;
     procs.restart_all_now();
+    let mut watch = Stalls::default();
     loop {
         procs.tick()?;
         let now = progress(db).await?;
@@ -63,7 +68,40 @@ pub async fn wait(db: &Db, procs: &mut Procs, timeout: Duration, mut done: impl 
         if Instant::now() > deadline {
             return Ok((now, false));
         }
+        for role in watch.stalled(&now) {
+            tracing::warn!(role, "drill: consumer behind without progress; stopping it cleanly and starting it again");
+            procs.rejoin(role).await;
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// When each consumer role last moved, and what it had done then.
+#[derive(Default)]
+struct Stalls {
+    seen: [(i64, Option<Instant>); 4],
+}
+
+impl Stalls {
+    const ROLES: [&'static str; 4] = ["consume-search", "consume-stats", "consume-notify", "worker"];
+
+    /// Roles behind that have not moved for `STALL`; their clocks restart.
+    fn stalled(&mut self, p: &Progress) -> Vec<&'static str> {
+        // Workers: open jobs going down is progress (negated so "more" is better).
+        let done = [p.applied[0], p.applied[1], p.applied[2], -p.open_jobs];
+        let behind = [p.applied[0] < p.completions, p.applied[1] < p.completions, p.applied[2] < p.completions, p.open_jobs > 0];
+        let mut stalled = Vec::new();
+        for i in 0..4 {
+            let (last, since) = &mut self.seen[i];
+            if !behind[i] || *last != done[i] || since.is_none() {
+                *last = done[i];
+                *since = Some(Instant::now());
+            } else if since.is_some_and(|t| t.elapsed() > STALL) {
+                stalled.push(Self::ROLES[i]);
+                *since = Some(Instant::now() + super::procs::CONSUMER_RESTART);
+            }
+        }
+        stalled
     }
 }
 

@@ -144,6 +144,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, command: &str, w
         load,
         kills: procs.kills.clone(),
         exits: procs.exits.clone(),
+        rejoins: procs.rejoins.clone(),
         broker_stops: broker.stops,
         relays_restarted_with_broker: broker.relays_restarted,
         kafka_records: evidence.kafka.records.len(),

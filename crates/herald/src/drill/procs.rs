@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 /// still alive (design brief, "Backends"); a drill run with a 7 s delay hit
 /// it (the new member got no partitions and stayed idle). That is a gap of
 /// the test broker, documented, not something Herald works around.
-const CONSUMER_RESTART: Duration = Duration::from_millis(10_000);
+pub const CONSUMER_RESTART: Duration = Duration::from_millis(10_000);
 /// Other roles come back quickly.
 const RESTART: Duration = Duration::from_millis(700);
 
@@ -53,11 +53,14 @@ pub struct Procs {
     pub kills: BTreeMap<&'static str, u64>,
     /// Processes that exited without being killed (counted, restarted).
     pub exits: BTreeMap<&'static str, u64>,
+    /// Clean restarts during the drain of a consumer stuck without
+    /// partitions (see `rejoin`).
+    pub rejoins: BTreeMap<&'static str, u64>,
 }
 
 impl Procs {
     pub fn new(exe: PathBuf, env: Vec<(String, String)>, logs: &Path) -> Procs {
-        Procs { launcher: Launcher { exe, env, logs: logs.to_owned() }, procs: Vec::new(), kills: BTreeMap::new(), exits: BTreeMap::new() }
+        Procs { launcher: Launcher { exe, env, logs: logs.to_owned() }, procs: Vec::new(), kills: BTreeMap::new(), exits: BTreeMap::new(), rejoins: BTreeMap::new() }
     }
 
     pub fn add(&mut self, spec: Spec) -> anyhow::Result<()> {
@@ -158,6 +161,19 @@ impl Procs {
         }
     }
 
+    /// Stops every process of `role` cleanly (SIGTERM: it leaves its group)
+    /// and starts it again after the session timeout. For the drain only:
+    /// tansu 0.6.0 can leave a consumer that joined after a crash without
+    /// any partition, and only a clean leave and rejoin recovers it (design
+    /// brief, "Backends"). Counted and printed, never silent.
+    pub async fn rejoin(&mut self, role: &'static str) {
+        for proc in self.procs.iter_mut().filter(|p| p.spec.role == role) {
+            terminate(proc, Duration::from_secs(10)).await;
+            proc.restart_at = Some(Instant::now() + CONSUMER_RESTART);
+        }
+        *self.rejoins.entry(role).or_default() += 1;
+    }
+
     /// Stops everything: SIGTERM, a grace period to drain, then SIGKILL.
     pub async fn stop_all(&mut self, grace: Duration) {
         for proc in &mut self.procs {
@@ -166,13 +182,20 @@ impl Procs {
             }
         }
         for proc in &mut self.procs {
-            if let Some(mut child) = proc.child.take() {
-                if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
-                }
-            }
+            terminate(proc, grace).await;
             proc.restart_at = None;
         }
+    }
+}
+
+/// SIGTERM (if still running), then SIGKILL after `grace`.
+async fn terminate(proc: &mut Proc, grace: Duration) {
+    let Some(mut child) = proc.child.take() else { return };
+    if let Some(pid) = child.id() {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+    }
+    if tokio::time::timeout(grace, child.wait()).await.is_err() {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
     }
 }
