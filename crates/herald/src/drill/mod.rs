@@ -69,7 +69,8 @@ fn usage(message: &str) -> anyhow::Result<ExitCode> {
 
 pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     let seconds = args.seconds.unwrap_or(args.minutes * 60.0);
-    if !(seconds.is_finite() && seconds > 0.0) || !(args.rate.is_finite() && args.rate > 0.0) || args.kill_every.is_zero() {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(seconds) || !positive(args.rate) || args.kill_every.is_zero() {
         return usage("--minutes/--seconds, --rate and --kill-every must be positive");
     }
     let Some(server) = args.database.as_deref().filter(|u| u.starts_with("postgres")) else {
