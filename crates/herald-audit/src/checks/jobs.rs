@@ -41,8 +41,9 @@ pub fn search_matches_jobs(db: &DbEvidence) -> CheckReport {
 }
 
 /// Each succeeded job has exactly one completion event and one selected,
-/// registered artifact that exists in the store; no other job has a
-/// completion event (a deleted job keeps the one it had).
+/// registered artifact that exists in the store (not asked of a deleted
+/// job, whose file may be gone); no other job has a completion event (a
+/// deleted job keeps the one it had).
 pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> CheckReport {
     let mut completions: HashMap<&str, usize> = HashMap::new();
     for o in db.outbox.iter().filter(|o| o.event_type == COMPLETED) {
@@ -65,6 +66,10 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
         if n != 1 {
             let kind = if n == 0 { "missing_completion" } else { "duplicate_completion" };
             violations.push(Violation::new(kind, format!("job {id} succeeded with {n} completion events")));
+        }
+        if deleted.contains(id) {
+            // Deleting an export may remove its file; its completion stays.
+            continue;
         }
         let Some(result) = &job.result_id else {
             violations.push(Violation::new("no_selected_artifact", format!("job {id} succeeded without a selected result")));
@@ -139,7 +144,7 @@ mod tests {
     #[test]
     fn succeeded_jobs_have_one_completion_and_an_existing_artifact() {
         let mut db = evidence();
-        let stored: BTreeSet<String> = ["r-a", "r-b", "r-d"].map(String::from).into();
+        let stored: BTreeSet<String> = ["r-a", "r-b"].map(String::from).into();
         assert!(job_completion(&db, Some(&stored)).violations.is_empty());
         db.outbox.push(event("e5", COMPLETED, "a"));
         db.outbox.retain(|o| o.event_id != "e2");

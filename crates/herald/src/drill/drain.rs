@@ -130,3 +130,29 @@ pub async fn totals(db: &Db) -> anyhow::Result<Totals> {
         intents_unknown: count(db, "SELECT COUNT(*) FROM notification_intents WHERE status = 'unknown'").await?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn behind_stats(applied_stats: i64, open_jobs: i64) -> Progress {
+        Progress { completions: 10, applied: [10, applied_stats, 10], open_jobs, intents: 10, ..Progress::default() }
+    }
+
+    #[test]
+    fn only_a_role_behind_and_unmoving_for_the_stall_time_is_named() {
+        let mut watch = Stalls::default();
+        assert!(watch.stalled(&behind_stats(5, 0)).is_empty(), "first sight starts the clock");
+        // Pretend the clocks started long ago.
+        for (_, since) in &mut watch.seen {
+            *since = Some(Instant::now() - STALL - Duration::from_secs(1));
+        }
+        assert_eq!(watch.stalled(&behind_stats(5, 0)), vec!["consume-stats"], "caught-up roles and idle workers are not stalled");
+        assert!(watch.stalled(&behind_stats(5, 0)).is_empty(), "after a rejoin the role gets time to come back");
+        for (_, since) in &mut watch.seen {
+            *since = Some(Instant::now() - STALL - Duration::from_secs(1));
+        }
+        assert!(watch.stalled(&behind_stats(6, 0)).is_empty(), "progress restarts the clock");
+        assert!(behind_stats(10, 0).settled() && !behind_stats(9, 0).settled() && !behind_stats(10, 1).settled());
+    }
+}
