@@ -1,8 +1,10 @@
 //! `herald drill`: the pipeline as separate `herald` processes against
 //! PostgreSQL and a real broker, under load, with processes SIGKILLed and
 //! restarted throughout and the broker stopped once; then a drain and the
-//! audit. Exit 0 only when the audit found nothing and intake kept its
-//! promises; 2 for bad input.
+//! audit. Exit 0 only when the drain settled, every export was answered,
+//! the audit found nothing, intake kept its promises and the provider saw no
+//! duplicate; 1 otherwise; 2 for bad input. The working directory (process
+//! logs, broker storage, artifacts) is kept when the drill fails.
 
 mod broker;
 mod drain;
