@@ -2,6 +2,7 @@
 //! the demo, exposed so end-to-end tests start exactly what users run.
 
 pub mod bench;
+pub mod cmd_audit;
 pub mod cmd_consume;
 pub mod cmd_dlq;
 pub mod cmd_inbox;
@@ -14,6 +15,7 @@ pub mod cmd_schemas;
 pub mod cmd_status;
 pub mod config;
 pub mod demo;
+pub mod drill;
 pub mod lifecycle_args;
 pub mod notify_args;
 pub mod pipeline;

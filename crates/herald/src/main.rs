@@ -3,7 +3,7 @@
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
 use herald::notify_args::{NotifyArgs, hook_from_env};
-use herald::{bench, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status, config, demo, pipeline};
+use herald::{bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status, config, demo, drill, pipeline};
 
 use std::process::ExitCode;
 
@@ -36,6 +36,16 @@ enum Command {
         lifecycle: LifecycleArgs,
         #[command(flatten)]
         notify: NotifyArgs,
+    },
+    /// Run the HTTP API alone (intake, job reads, search).
+    Api {
+        #[command(flatten)]
+        backends: Backends,
+        /// Address of the HTTP API.
+        #[arg(long, env = "HERALD_LISTEN", default_value = "127.0.0.1:8080")]
+        listen: String,
+        #[command(flatten)]
+        lifecycle: LifecycleArgs,
     },
     /// Run export workers alone: attempts, the recovery scanner, orphan cleanup.
     Worker {
@@ -71,6 +81,10 @@ enum Command {
     Inbox(cmd_inbox::InboxArgs),
     /// Event data schemas: `check` their evolution under the declared modes.
     Schemas(herald::cmd_schemas::SchemasArgs),
+    /// Check every invariant against the database, Kafka, artifacts and the provider.
+    Audit(cmd_audit::AuditArgs),
+    /// The pipeline as separate processes under SIGKILLs and a broker stop, then drained and audited.
+    Drill(drill::DrillArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
@@ -92,7 +106,7 @@ fn main() -> ExitCode {
         }
     };
     // The demo's output is its report; roles that run for long log progress.
-    let default_filter = if matches!(cli.command, Command::Demo(_) | Command::Bench(_)) { "warn" } else { "info" };
+    let default_filter = if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)))
         .with_writer(std::io::stderr)
@@ -117,6 +131,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve { backends, listen, lifecycle, notify } => serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify)).await,
+        Command::Api { backends, listen, lifecycle } => {
+            let roles = Roles { api: Some(listen), relay: false, worker: false, subscriptions: false, dispatcher: false };
+            serve(backends, roles, Some(&lifecycle), None).await
+        }
         Command::Worker { backends, lifecycle } => {
             let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
             serve(backends, roles, Some(&lifecycle), None).await
@@ -139,6 +157,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Dlq(args) => cmd_dlq::run(args).await,
         Command::Inbox(args) => cmd_inbox::run(args).await,
         Command::Schemas(args) => herald::cmd_schemas::run(args).await,
+        Command::Audit(args) => cmd_audit::run(args).await,
+        Command::Drill(args) => drill::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
             herald_store::Db::connect_and_migrate(&database).await?;

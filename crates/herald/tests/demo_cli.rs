@@ -25,6 +25,14 @@ fn demo_json_reports_every_check_passed() {
     let checks = report["checks"].as_array().expect("checks");
     assert!(checks.len() >= 10);
     assert!(checks.iter().all(|c| c["ok"] == true && c["name"].is_string() && c["detail"].is_string()));
+    let named = |prefix: &str| checks.iter().filter(|c| c["name"].as_str().is_some_and(|n| n.starts_with(prefix))).count();
+    assert_eq!(named("rebuild verified and switched reads"), 1, "the scenario rebuilds search and switches");
+    assert_eq!(named("replay sent no notification"), 1);
+    assert_eq!(named("crashed worker's job taken over once"), 1);
+    assert_eq!(named("audit "), 6, "the demo ends with every audit check");
+    let audit = &report["audit"];
+    assert_eq!(audit["violations"], 0, "{audit:#}");
+    assert!(audit["checks"].as_array().is_some_and(|cs| cs.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0))), "{audit:#}");
 }
 
 #[test]

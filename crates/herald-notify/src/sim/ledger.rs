@@ -23,6 +23,13 @@ pub struct Ledger {
     pool: SqlitePool,
 }
 
+/// How many effects the receiver executed under one key.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyEffects {
+    pub key: Option<String>,
+    pub effects: i64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Totals {
     pub effects: i64,
@@ -108,6 +115,12 @@ impl Ledger {
     /// Requests that carried `key`, executed or not.
     pub async fn requests_of(&self, key: &str) -> Result<i64, sqlx::Error> {
         sqlx::query("SELECT COUNT(*) AS n FROM requests WHERE key = ?").bind(key).fetch_one(&self.pool).await?.try_get("n")
+    }
+
+    /// Effects per key (`None`: requests without a key), for `herald audit`.
+    pub async fn effects_by_key(&self) -> Result<Vec<KeyEffects>, sqlx::Error> {
+        let rows = sqlx::query("SELECT key, COUNT(*) AS n FROM effects GROUP BY key ORDER BY key").fetch_all(&self.pool).await?;
+        rows.iter().map(|r| Ok(KeyEffects { key: r.try_get("key")?, effects: r.try_get("n")? })).collect()
     }
 
     /// Effects recorded for `key` (any body), for tests and audits.

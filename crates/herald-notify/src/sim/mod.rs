@@ -25,7 +25,7 @@ use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use ledger::{Applied, Ledger, Totals};
+pub use ledger::{Applied, KeyEffects, Ledger, Totals};
 pub use listener::{RefusableListener, RefuseSwitch};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +77,7 @@ pub async fn serve(listener: TcpListener, ledger: Ledger, config: SimConfig, fau
         .route("/v1/notifications", post(notify))
         .route("/v1/notifications/{key}", get(key_status))
         .route("/effects", get(effects))
+        .route("/effects/by-key", get(effects_by_key))
         .route("/faults", post(set_faults))
         .with_state(sim);
     let listener = RefusableListener::new(listener, refuse)?;
@@ -146,6 +147,13 @@ async fn key_status(State(sim): State<Sim>, Path(key): Path<String>) -> Response
 async fn effects(State(sim): State<Sim>) -> Response {
     match sim.ledger.totals().await {
         Ok(totals) => Json(totals).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn effects_by_key(State(sim): State<Sim>) -> Response {
+    match sim.ledger.effects_by_key().await {
+        Ok(rows) => Json(rows).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }

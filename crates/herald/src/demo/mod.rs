@@ -3,6 +3,7 @@
 
 mod client;
 mod notify;
+mod rebuild;
 mod report;
 mod takeover;
 
@@ -103,14 +104,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     checks.push(takeover::check(&env.wiring.db, &hung, timeout).await?);
     let notified = notify::gather(&env.wiring.db, &provider_url, args.exports as i64, timeout).await?;
     checks.extend(notified.checks(args.exports as i64));
+    checks.extend(rebuild::rebuild_and_switch(&env.wiring, &provider_url, args.exports as i64).await?);
     for worker in workers.into_iter().flatten() {
         worker.stop().await?;
     }
     running.stop().await?;
+    let audit = audit(&env.wiring, &provider_url).await?;
+    checks.extend(audit.checks.iter().map(audit_check));
 
     let ok = checks.iter().all(|c| c.ok);
     if args.json {
-        let mut out = json!({"ok": ok, "checks": checks, "repeated_requests": intake.repeated});
+        let mut out = json!({"ok": ok, "checks": checks, "repeated_requests": intake.repeated, "audit": audit});
         for extra in [serde_json::to_value(&counts)?, serde_json::to_value(&notified)?] {
             if let (Some(map), serde_json::Value::Object(fields)) = (out.as_object_mut(), extra) {
                 map.extend(fields);
@@ -122,4 +126,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         report::print_table(&checks, &counts, intake.repeated);
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// `herald audit` on what the demo left: database, mock cluster history,
+/// artifacts and the simulator's effects.
+async fn audit(wiring: &crate::pipeline::Wiring, provider_url: &str) -> anyhow::Result<herald_audit::Report> {
+    let sources = herald_audit::Sources {
+        db: &wiring.db,
+        brokers: &wiring.brokers,
+        topics: &wiring.topics,
+        artifacts: Some(herald_export::artifact::ArtifactStore::from_location(&wiring.artifacts)?),
+        provider_url: Some(provider_url.to_owned()),
+        kafka_timeout: Duration::from_secs(60),
+    };
+    Ok(herald_audit::audit(&sources).await?.0)
+}
+
+fn audit_check(c: &herald_audit::CheckReport) -> Check {
+    let first = c.violations.first().map(|v| format!(": {} {}", v.kind, v.detail)).unwrap_or_default();
+    let detail = format!("{} checked, {} violation(s){first} — invariant {}", c.checked, c.violations.len(), c.invariant);
+    Check::new(&format!("audit {}", c.check), c.ran && c.violations.is_empty(), detail)
 }

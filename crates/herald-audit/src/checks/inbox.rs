@@ -1,0 +1,81 @@
+//! Inboxes (invariant 8): each completion event has exactly one inbox row in
+//! each subscription that applies it.
+
+use std::collections::HashMap;
+
+use herald_envelope::legacy::SOURCE_ALIASES;
+
+use crate::model::{COMPLETED, COMPLETION_SUBSCRIPTIONS, InboxRow, OutboxRow};
+use crate::report::{CheckReport, Violation};
+
+pub const INBOX_ONCE: &str = "inbox_once";
+
+/// The source an inbox keys on once legacy aliases are mapped, as the
+/// consumers map them before their inbox check. Two rows that differ only in
+/// the alias are the same fact claimed twice: its effect was applied twice.
+fn canonical(source: &str) -> &str {
+    SOURCE_ALIASES.iter().find(|(alias, _)| *alias == source).map_or(source, |(_, canonical)| canonical)
+}
+
+pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
+    let mut rows: HashMap<(&str, &str, &str), usize> = HashMap::new();
+    for r in inbox {
+        *rows.entry((r.subscription.as_str(), canonical(&r.source), r.event_id.as_str())).or_default() += 1;
+    }
+    let completions: Vec<&OutboxRow> = outbox.iter().filter(|o| o.delivered() && o.event_type == COMPLETED).collect();
+    let mut violations = Vec::new();
+    for event in &completions {
+        for subscription in COMPLETION_SUBSCRIPTIONS {
+            let n = rows.get(&(subscription, canonical(&event.source), event.event_id.as_str())).copied().unwrap_or(0);
+            let what = format!("{subscription}: {} inbox rows for completion {} {} (job {})", n, event.source, event.event_id, event.subject);
+            match n {
+                1 => {}
+                0 => violations.push(Violation::new("missing_inbox_row", what)),
+                _ => violations.push(Violation::new("duplicate_inbox_row", what)),
+            }
+        }
+    }
+    let note = Some("rows removed by `herald inbox cleanup` show as missing".to_owned());
+    CheckReport::new(INBOX_ONCE, "8: one inbox row per completion event and subscription", completions.len() * COMPLETION_SUBSCRIPTIONS.len(), violations)
+        .with_note(note)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completion(id: &str) -> OutboxRow {
+        OutboxRow {
+            seq: 1,
+            commit_rank: 1,
+            source: "/herald/exports".into(),
+            event_id: id.into(),
+            event_type: COMPLETED.into(),
+            subject: "job".into(),
+            topic: "events".into(),
+            partition_key: "job".into(),
+            status: "delivered".into(),
+        }
+    }
+
+    fn inbox(subscription: &str, source: &str, id: &str) -> InboxRow {
+        InboxRow { subscription: subscription.into(), source: source.into(), event_id: id.into() }
+    }
+
+    #[test]
+    fn one_row_per_subscription_counting_legacy_aliases_as_the_same_fact() {
+        let outbox = [completion("e1")];
+        let mut rows: Vec<InboxRow> = COMPLETION_SUBSCRIPTIONS.iter().map(|s| inbox(s, "/herald/exports", "e1")).collect();
+        // A rebuild's replay scope is not a subscription.
+        rows.push(inbox("search@g2", "/herald/exports", "e1"));
+        assert!(inbox_once(&outbox, &rows).violations.is_empty());
+
+        rows.push(inbox("stats", "urn:herald:exports", "e1"));
+        let report = inbox_once(&outbox, &rows);
+        assert_eq!(report.count("duplicate_inbox_row"), 1);
+        assert!(report.violations[0].detail.starts_with("stats: 2 inbox rows"), "{:?}", report.violations);
+
+        rows.retain(|r| r.subscription != "notify");
+        assert_eq!(inbox_once(&outbox, &rows).count("missing_inbox_row"), 1);
+    }
+}

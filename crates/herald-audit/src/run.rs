@@ -1,0 +1,48 @@
+//! Gather the evidence, then check it.
+
+use std::time::Duration;
+
+use herald_export::artifact::ArtifactStore;
+use herald_kafka::Topics;
+use herald_store::Db;
+
+use crate::model::Evidence;
+use crate::{AuditError, Report, artifacts, checks, db, kafka, provider};
+
+/// Where the evidence lives.
+pub struct Sources<'a> {
+    pub db: &'a Db,
+    pub brokers: &'a str,
+    pub topics: &'a Topics,
+    /// The artifact store; without it existence of results is not checked.
+    pub artifacts: Option<ArtifactStore>,
+    /// The notification provider (reference receiver); without it the
+    /// notification check is skipped.
+    pub provider_url: Option<String>,
+    /// How long reading the Kafka history may take.
+    pub kafka_timeout: Duration,
+}
+
+/// Reads the database first, then Kafka: every row the snapshot calls
+/// delivered was acknowledged before it was marked, so the later read of
+/// Kafka holds it. Meant for a settled system (see the crate doc).
+pub async fn gather(sources: &Sources<'_>) -> Result<Evidence, AuditError> {
+    let db = db::read(sources.db).await?;
+    let topics = [sources.topics.commands.clone(), sources.topics.events.clone()];
+    let kafka = kafka::read(sources.brokers, &topics, sources.kafka_timeout).await?;
+    let stored_artifacts = match &sources.artifacts {
+        Some(store) => Some(artifacts::stored_results(store, &db).await?),
+        None => None,
+    };
+    let provider_effects = match &sources.provider_url {
+        Some(url) => Some(provider::effects_by_key(url).await?),
+        None => None,
+    };
+    Ok(Evidence { db, kafka, stored_artifacts, provider_effects })
+}
+
+/// Gathers and checks everything.
+pub async fn audit(sources: &Sources<'_>) -> Result<(Report, Evidence), AuditError> {
+    let evidence = gather(sources).await?;
+    Ok((Report::new(checks::all(&evidence)), evidence))
+}

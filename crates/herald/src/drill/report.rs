@@ -1,0 +1,80 @@
+//! What a drill prints: what was asked, what was killed, what the audit
+//! found.
+
+use std::collections::BTreeMap;
+
+use herald_audit::Report;
+use serde::Serialize;
+
+use super::drain::{Progress, Totals};
+use super::load::LoadStats;
+
+#[derive(Debug, Serialize)]
+pub struct Outcome {
+    pub chaos_secs: f64,
+    pub drain_secs: f64,
+    /// Whether the drain reached a settled system before its deadline.
+    pub settled: bool,
+    pub progress: Progress,
+    pub totals: Totals,
+    pub load: LoadStats,
+    pub kills: BTreeMap<&'static str, u64>,
+    pub exits: BTreeMap<&'static str, u64>,
+    /// Clean restarts of a consumer stuck without partitions in the drain.
+    pub rejoins: BTreeMap<&'static str, u64>,
+    pub broker_stops: u64,
+    pub relays_restarted_with_broker: u64,
+    pub kafka_records: usize,
+    /// Provider effects beyond the first per key.
+    pub notification_duplicates: i64,
+    pub database: String,
+    pub audit: Report,
+}
+
+impl Outcome {
+    /// Violations: the audit's plus intake promises broken under load.
+    pub fn violations(&self) -> usize {
+        self.audit.violations + self.load.violations.len()
+    }
+
+    pub fn passed(&self) -> bool {
+        self.settled && self.load.unanswered == 0 && self.violations() == 0 && self.notification_duplicates == 0
+    }
+
+    pub fn print(&self, json: bool) -> anyhow::Result<()> {
+        if json {
+            let mut value = serde_json::to_value(self)?;
+            if let Some(map) = value.as_object_mut() {
+                map.insert("violations".into(), self.violations().into());
+                map.insert("passed".into(), self.passed().into());
+                map.insert("kills_total".into(), self.kills.values().sum::<u64>().into());
+            }
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            return Ok(());
+        }
+        let (l, t) = (&self.load, &self.totals);
+        let row = |name: &str, value: String| println!("  {name:<26} {value}");
+        println!("herald drill — {:.0}s of chaos, drained in {:.1}s, database {}\n", self.chaos_secs, self.drain_secs, self.database);
+        row("requests", format!("{} sent for {} exports; {} repeats (same job {}), {} conflicts (409 {}), {} without answer, {} refused (retried)", l.requests, l.exports, l.repeats, l.repeats_same_job, l.conflicts, l.conflicts_409, l.no_answer, l.refused));
+        row("jobs", format!("{} created, {} succeeded, {} failed; {} exports unanswered", t.jobs, t.jobs_succeeded, t.jobs_failed, l.unanswered));
+        row("events", format!("{} outbox rows ({} completions), {} records in Kafka, {} dead letters", t.outbox_rows, t.completion_events, self.kafka_records, t.dead_letters));
+        row("notifications", format!("{} sent, {} unknown", t.intents_sent, t.intents_unknown));
+        let kills: Vec<String> = self.kills.iter().map(|(role, n)| format!("{role} {n}")).collect();
+        row("kills by role", format!("{} ({})", self.kills.values().sum::<u64>(), kills.join(", ")));
+        let exits: Vec<String> = self.exits.iter().map(|(role, n)| format!("{role} {n}")).collect();
+        row("exits on their own", if exits.is_empty() { "0".into() } else { exits.join(", ") });
+        let rejoins: Vec<String> = self.rejoins.iter().map(|(role, n)| format!("{role} {n}")).collect();
+        row("rejoins in the drain", if rejoins.is_empty() { "0".into() } else { format!("{} (tansu group gap, ARCHITECTURE.md)", rejoins.join(", ")) });
+        row("broker stops", format!("{} (relays restarted with it: {})", self.broker_stops, self.relays_restarted_with_broker));
+        row("drain", if self.settled { "settled".into() } else { format!("NOT settled: {:?}", self.progress) });
+        row("violations", format!("{} ({} audit, {} intake)", self.violations(), self.audit.violations, l.violations.len()));
+        row("notification duplicates", self.notification_duplicates.to_string());
+        for v in &l.violations {
+            println!("    intake: {v}");
+        }
+        println!("\naudit:");
+        print!("{}", self.audit.table(10));
+        println!("\ndrill {}", if self.passed() { "passed" } else { "FAILED" });
+        Ok(())
+    }
+}

@@ -1,0 +1,64 @@
+//! `herald drill` as CI runs it: a short drill against the test PostgreSQL
+//! server and a tansu broker the drill starts, stops once and restarts
+//! itself; every role a separate process, SIGKILLed at random and restarted.
+//! It must end settled, with zero violations and zero notification
+//! duplicates. Usage errors exit 2.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn tansu() -> String {
+    std::env::var("HERALD_TANSU_BIN").expect("HERALD_TANSU_BIN is not set: run the tests with scripts/test, which builds tansu and exports its path")
+}
+
+#[test]
+fn short_drill_passes_with_zero_violations() {
+    let server = std::env::var("HERALD_TEST_DATABASE_URL").expect("HERALD_TEST_DATABASE_URL is not set: run the tests with scripts/test");
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["drill", "--seconds", "45", "--rate", "6", "--kill-every", "2s", "--drain-timeout", "150s", "--json"])
+        .args(["--database", &server, "--tansu", &tansu()])
+        .env_remove("HERALD_DRILL_BROKER_COMMAND")
+        .output()
+        .expect("run herald drill");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{stderr}");
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["settled"], true);
+    assert_eq!(report["violations"], 0, "{:#}", report["audit"]);
+    assert_eq!(report["notification_duplicates"], 0);
+    assert_eq!(report["broker_stops"], 1, "the broker was stopped once and brought back");
+    let kills = report["kills"].as_object().expect("kills by role");
+    assert!(report["kills_total"].as_u64() >= Some(8) && kills.len() >= 4, "kills spread over roles: {kills:?}");
+    let load = &report["load"];
+    assert!(load["exports"].as_u64() > Some(100) && load["unanswered"] == 0, "{load:#}");
+    assert!(load["repeats_same_job"].as_u64() > Some(0) && load["repeats_same_job"] == load["repeats"], "{load:#}");
+    assert!(load["conflicts_409"].as_u64() > Some(0) && load["conflicts_409"] == load["conflicts"], "{load:#}");
+    assert!(report["totals"]["jobs_succeeded"].as_u64() > Some(100));
+    let checks = report["audit"]["checks"].as_array().expect("audit checks");
+    assert_eq!(checks.len(), 6);
+    assert!(checks.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0)), "{checks:#?}");
+}
+
+#[test]
+fn drill_usage_errors_exit_2() {
+    let cases: [&[&str]; 4] = [
+        &["drill", "--seconds", "5", "--tansu", "/bin/false"],
+        &["drill", "--seconds", "5", "--database", "sqlite://x.db", "--tansu", "/bin/false"],
+        &["drill", "--seconds", "0", "--database", "postgres://127.0.0.1:1/x", "--tansu", "/bin/false"],
+        &["drill", "--seconds", "5", "--database", "postgres://127.0.0.1:1/x"],
+    ];
+    for args in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(args)
+            .env_remove("HERALD_DATABASE_URL")
+            .env_remove("HERALD_TANSU_BIN")
+            .env_remove("HERALD_DRILL_BROKER_COMMAND")
+            .output()
+            .expect("run herald drill");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("error"), "{args:?} explains itself");
+    }
+}
