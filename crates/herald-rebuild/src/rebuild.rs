@@ -42,6 +42,21 @@ pub struct RebuildOptions {
     pub batch: usize,
 }
 
+impl Default for RebuildOptions {
+    fn default() -> Self {
+        RebuildOptions {
+            brokers: String::new(),
+            topic: String::new(),
+            live_group: String::new(),
+            switch: SwitchMode::Auto,
+            lag_threshold: 0,
+            catch_up_timeout: Duration::from_secs(600),
+            dry_run: false,
+            batch: replay::DEFAULT_BATCH,
+        }
+    }
+}
+
 /// Receives what a rebuild is doing, for a progress bar or plain lines.
 pub trait Progress: Send {
     fn phase(&mut self, message: &str);

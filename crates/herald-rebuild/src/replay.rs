@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use herald_envelope::{DecodedEvent, EventData, ExportCompleted, decode_any};
-use herald_projections::search;
+use herald_envelope::{DecodedEvent, decode_any};
+use herald_projections::search::{self, Fact};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -132,11 +132,10 @@ async fn apply(db: &Db, projection: &str, generation: i64, scope: &str, topic: &
     if skipped > 0 {
         warn!(skipped, generation, "undecodable records skipped by the replay");
     }
-    let relevant: Vec<(&Replayed, &DecodedEvent, ExportCompleted)> = batch
+    let relevant: Vec<(&Replayed, &DecodedEvent, Fact)> = batch
         .iter()
         .filter_map(|r| r.event.as_ref().map(|e| (r, e)))
-        .filter(|(_, e)| e.event_type == ExportCompleted::EVENT_TYPE)
-        .filter_map(|(r, e)| e.data_as::<ExportCompleted>().ok().map(|d| (r, e, d)))
+        .filter_map(|(r, e)| Fact::of(e).ok().flatten().map(|f| (r, e, f)))
         .collect();
     let mut tx = db.begin().await?;
     let entries: Vec<Entry<'_>> = relevant
@@ -144,14 +143,8 @@ async fn apply(db: &Db, projection: &str, generation: i64, scope: &str, topic: &
         .map(|(r, e, _)| Entry { key: &e.key, event_type: &e.event_type, delivery: Delivery { topic, partition: r.partition, offset: r.offset } })
         .collect();
     let first: HashSet<_> = inbox::claim_batch(&mut tx, scope, &entries).await?;
-    let mut newest: BTreeMap<&str, &ExportCompleted> = BTreeMap::new();
-    for (_, e, data) in &relevant {
-        if first.contains(&e.key) && newest.get(data.job_id.as_str()).is_none_or(|seen| seen.version < data.version) {
-            newest.insert(&data.job_id, data);
-        }
-    }
-    let docs: Vec<ExportCompleted> = newest.into_values().cloned().collect();
-    search::upsert_many(&mut tx, generation, &docs).await?;
+    let facts = search::newest_per_job(relevant.into_iter().filter(|(_, e, _)| first.contains(&e.key)).map(|(_, _, f)| f));
+    search::write(&mut tx, generation, &facts).await?;
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     for r in batch {
         let n = next.entry(r.partition).or_insert(0);
