@@ -15,6 +15,7 @@ pub mod config;
 pub mod demo;
 pub mod lifecycle_args;
 pub mod notify_args;
+pub mod notify_start;
 pub mod pipeline;
 pub mod signals;
 pub mod subscriptions;

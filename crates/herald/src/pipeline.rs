@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
+use crate::notify_start::{self, StartAt};
 use crate::subscriptions;
 
 /// What every role needs to reach.
@@ -69,6 +70,9 @@ pub struct Options {
     pub orphan_grace: Duration,
     /// The notification provider, for the dispatcher role.
     pub dispatch: Option<Dispatch>,
+    /// Where the notify subscription starts if its group has no committed
+    /// offset and the events topic holds history (`--notify-start-at`).
+    pub notify_start_at: Option<StartAt>,
 }
 
 /// What the dispatcher role needs.
@@ -88,6 +92,7 @@ impl Default for Options {
             scan_interval: Duration::from_secs(1),
             orphan_grace: Duration::from_secs(600),
             dispatch: None,
+            notify_start_at: None,
         }
     }
 }
@@ -159,8 +164,12 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
     }
     if roles.subscriptions {
+        // Before any role runs: a refusal is the operator's decision to make,
+        // not a role failure discovered later.
+        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+        notify_start::prepare(&notify, options.notify_start_at).await?;
         for name in subscriptions::Name::ALL {
-            tasks.spawn(subscription(name, wiring.clone(), shutdown.clone()));
+            tasks.spawn(subscription(name, wiring.clone(), options.notify_start_at, shutdown.clone()));
         }
     }
     if roles.dispatcher {
@@ -214,8 +223,8 @@ fn spawn_worker_roles(
 
 /// One subscription of the events topic; each is its own consumer group, so
 /// a slow or stopped one holds none of the others back.
-async fn subscription(name: subscriptions::Name, wiring: Wiring, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn subscription(name: subscriptions::Name, wiring: Wiring, start_at: Option<StartAt>, shutdown: CancellationToken) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
-    subscriptions::run(name, &wiring.db, &sub, &ConsumerOptions::default(), &Metrics::default(), shutdown).await?;
+    subscriptions::run_from(name, &wiring.db, &sub, &ConsumerOptions::default(), &Metrics::default(), start_at, shutdown).await?;
     Ok(())
 }
