@@ -11,6 +11,7 @@ pub mod cmd_provider_sim;
 pub mod cmd_rebuild;
 pub mod cmd_relay;
 pub mod cmd_schemas;
+pub mod cmd_snapshot;
 pub mod config;
 pub mod demo;
 pub mod lifecycle_args;

@@ -68,6 +68,8 @@ enum Command {
     ProviderSim(cmd_provider_sim::ProviderSimArgs),
     /// Rebuild a projection into a new generation, switch, roll back, status.
     Rebuild(cmd_rebuild::RebuildArgs),
+    /// Export a projection's active generation with its positions (for rebuilds across a history gap).
+    Snapshot(herald::cmd_snapshot::SnapshotArgs),
     /// Inspect and redrive dead letters.
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
@@ -143,6 +145,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Notify(args) => cmd_notify::run(args).await,
         Command::Rebuild(args) => cmd_rebuild::run(args).await,
+        Command::Snapshot(args) => herald::cmd_snapshot::run(args).await,
         Command::ProviderSim(args) => cmd_provider_sim::run(args).await,
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,

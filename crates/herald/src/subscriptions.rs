@@ -71,8 +71,10 @@ pub async fn run_from(
     start_at: Option<StartAt>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Snapshot> {
-    if name == Name::Notify {
-        notify_start::prepare(sub, start_at).await?;
+    match name {
+        Name::Notify => notify_start::prepare(sub, start_at).await?,
+        Name::Search => record_search_start(db, sub).await?,
+        Name::Stats => {}
     }
     let snapshot = match name {
         Name::Search => herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, shutdown).await?,
@@ -80,6 +82,18 @@ pub async fn run_from(
         Name::Notify => herald_consumer::run_subscription(sub, db, &NotifyHandler, options, metrics, shutdown).await?,
     };
     Ok(snapshot)
+}
+
+/// History completeness: where the search group has no committed offset it
+/// starts at the earliest retained record, the first one its generations
+/// need (see `herald_rebuild::history`).
+async fn record_search_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
+    for topic in &sub.topics {
+        let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
+        herald_rebuild::history::record_live_start(db, search::SUBSCRIPTION, topic, &starts).await?;
+    }
+    Ok(())
 }
 
 /// Redrives `letter` through its subscription's handler.
