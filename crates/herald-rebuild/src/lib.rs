@@ -29,6 +29,7 @@ pub mod rebuild;
 pub mod replay;
 pub mod snapshot;
 pub mod verify;
+mod write;
 
 mod error;
 
