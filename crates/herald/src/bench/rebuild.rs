@@ -218,8 +218,8 @@ impl Figures {
             "herald bench rebuild — {} events, PostgreSQL + in-process Kafka ({} partitions), replay batches of {}\n",
             args.events, args.partitions, args.batch
         );
-        println!("  {:<62} {:>10} {:>12}", "measurement", "events/s", "÷ raw insert");
-        let row = |name: &str, eps: f64| println!("  {:<62} {:>10.0} {:>12.2}", name, eps, eps / self.raw_insert_eps);
+        println!("  {:<72} {:>10} {:>12}", "measurement", "events/s", "÷ raw insert");
+        let row = |name: &str, eps: f64| println!("  {:<72} {:>10.0} {:>12.2}", name, eps, eps / self.raw_insert_eps);
         row("raw batched insert: inbox row + document per event", self.raw_insert_eps);
         row("live search subscription: decode, inbox, document, offsets", self.live_consume_eps);
         row("rebuild replay: read, decode, inbox (search@g2), document, positions", self.rebuild_eps);
