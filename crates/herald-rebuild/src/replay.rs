@@ -63,7 +63,7 @@ pub enum Content {
     /// An event search does not apply (still moves the position).
     Ignored,
     /// A fact for the search projection.
-    Fact { key: EventKey, event_type: String, fact: Fact },
+    Fact { key: EventKey, event_type: String, fact: Box<Fact> },
 }
 
 /// Replays `topic` into `generation` until every partition reached its
@@ -188,7 +188,7 @@ fn take(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option
         Ok(event) => match Fact::of(&event) {
             Err(_) => Content::Undecodable,
             Ok(None) => Content::Ignored,
-            Ok(Some(fact)) => Content::Fact { key: event.key, event_type: event.event_type, fact },
+            Ok(Some(fact)) => Content::Fact { key: event.key, event_type: event.event_type, fact: Box::new(fact) },
         },
     };
     Some(Replayed { partition: msg.partition(), offset: msg.offset(), content })

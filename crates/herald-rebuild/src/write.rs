@@ -64,7 +64,7 @@ impl Writer {
         let mut facts: Vec<(&Replayed, &EventKey, &str, &Fact)> = batch
             .iter()
             .filter_map(|r| match &r.content {
-                Content::Fact { key, event_type, fact } => Some((r, key, event_type.as_str(), fact)),
+                Content::Fact { key, event_type, fact } => Some((r, key, event_type.as_str(), fact.as_ref())),
                 _ => None,
             })
             .collect();

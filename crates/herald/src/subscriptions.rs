@@ -73,7 +73,13 @@ pub async fn run_from(
 ) -> anyhow::Result<Snapshot> {
     match name {
         Name::Notify => notify_start::prepare(sub, start_at).await?,
-        Name::Search => record_search_start(db, sub).await?,
+        // Best effort: without a record a generation counts as needing
+        // history from offset 0, the conservative answer.
+        Name::Search => {
+            if let Err(e) = record_search_start(db, sub).await {
+                tracing::warn!(error = %e, "could not record where the search group starts; rebuilds will assume offset 0");
+            }
+        }
         Name::Stats => {}
     }
     let snapshot = match name {
