@@ -66,7 +66,8 @@ impl fmt::Display for Refused {
             f,
             "refusing to start notifications from history: consumer group `{}` has no committed offset on {} and the topic holds \
              {held} retained record(s) there (partitions {}), which would all be notified again. Pass --start-at latest to \
-             notify only what is appended from now on, or --start-at <RFC3339 time> to start at that time",
+             notify only what is appended from now on, or --start-at <RFC3339 time> to start at that time \
+             (herald serve: --notify-start-at)",
             self.group,
             self.topic,
             list.join(", ")

@@ -146,6 +146,12 @@ pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
 }
 
 pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {
+    if roles.subscriptions {
+        // Before any role runs: a refusal is the operator's decision to make,
+        // not a role failure discovered later.
+        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+        notify_start::prepare(&notify, options.notify_start_at).await?;
+    }
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
@@ -164,10 +170,6 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
     }
     if roles.subscriptions {
-        // Before any role runs: a refusal is the operator's decision to make,
-        // not a role failure discovered later.
-        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
-        notify_start::prepare(&notify, options.notify_start_at).await?;
         for name in subscriptions::Name::ALL {
             tasks.spawn(subscription(name, wiring.clone(), options.notify_start_at, shutdown.clone()));
         }
