@@ -12,7 +12,7 @@ use chrono::Utc;
 use common::{ALICE, BOB, Broker, Database, Stack, export_body};
 use herald_envelope::{ExportCompleted, OutboxEvent};
 use herald_export::deletion::{self, Deletion};
-use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, attempts, jobs};
+use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, attempts, cleanup, jobs};
 use herald_rebuild::replay::ReplayProgress;
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild, verify};
 use herald_store::{now_ms, outbox};
@@ -91,6 +91,12 @@ async fn delete_then_late_completed_then_rebuild(database: Database) -> anyhow::
     // the delete: the tombstone's version keeps it out.
     let job = jobs::get_any(&stack.db, victim).await?.expect("job");
     assert_eq!(job.status, "deleted");
+
+    // Cleanup may now remove the deleted jobs' selected artifacts, and only those.
+    let kept = jobs::get_any(&stack.db, &ids[2]).await?.and_then(|j| j.result_id).expect("selected result");
+    let orphans = cleanup::orphans(&stack.db, now_ms(), Duration::ZERO).await?;
+    assert!(job.result_id.as_ref().is_some_and(|r| orphans.contains(r)), "{orphans:?}");
+    assert!(!orphans.contains(&kept), "a live job's result is not an orphan: {orphans:?}");
     let late = ExportCompleted {
         job_id: victim.clone(),
         caller: "alice".into(),
