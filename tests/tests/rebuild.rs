@@ -107,6 +107,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
         catch_up_timeout: Duration::from_secs(60),
         dry_run: false,
         batch: 7,
+        from_snapshot: None,
     };
     let report = rebuild::rebuild::<Search>(&stack.db, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.previous_active, report.state.as_str(), report.switched), (2, 1, "active", true), "{report:?}");

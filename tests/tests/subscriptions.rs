@@ -88,7 +88,12 @@ impl Bed {
         let metrics = Arc::new(Metrics::default());
         let (db, sub) = (self.db.clone(), name.subscription(&self.group_prefix, &self.brokers, &self.topics.events));
         let (token, m) = (stop.clone(), metrics.clone());
-        let task = tokio::spawn(async move { subscriptions::run(name, &db, &sub, &options, &m, token).await });
+        let task = tokio::spawn(async move {
+            if name == Name::Notify {
+                notify_from_the_first_record(&sub).await?;
+            }
+            subscriptions::run(name, &db, &sub, &options, &m, token).await
+        });
         Running { stop, metrics, task }
     }
 
@@ -144,6 +149,20 @@ impl Bed {
         })
         .await?
     }
+}
+
+/// These tests notify everything the topic holds: the operator's explicit
+/// choice the notify subscription requires before it starts from history
+/// (what `--start-at` with a time before the first record says; the mock
+/// cluster cannot look offsets up by time, so the start is committed
+/// directly). A group that already has a position keeps it.
+async fn notify_from_the_first_record(sub: &herald_consumer::Subscription) -> anyhow::Result<()> {
+    for topic in &sub.topics {
+        let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
+        herald_kafka::offsets::commit(&sub.brokers, &sub.group, topic, &starts).await?;
+    }
+    Ok(())
 }
 
 /// Polls `probe` until it returns true; the pipeline is asynchronous, so

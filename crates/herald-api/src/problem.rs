@@ -40,6 +40,16 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, "/problems/not-found", "Not found", "no such resource for this caller")
     }
 
+    /// The resource existed and was deleted by its owner (GET of a deleted export).
+    pub fn gone(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::GONE, "/problems/gone", "Deleted", detail)
+    }
+
+    /// A delete of an export whose attempt is running: retry after it finished.
+    pub fn running(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::CONFLICT, "/problems/export-running", "Export is running", detail)
+    }
+
     pub fn conflict(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::CONFLICT, "/problems/key-conflict", "Idempotency key conflict", detail)
     }

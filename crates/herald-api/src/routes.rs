@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use herald_export::artifact::ArtifactStore;
+use herald_export::deletion::{self, Deletion};
 use herald_export::{ExportRequest, IntakeConfig, Job, jobs};
 use herald_projections::search;
 use herald_store::Db;
@@ -35,7 +36,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/v1/exports", post(create_export))
-        .route("/v1/exports/{id}", get(get_export))
+        .route("/v1/exports/{id}", get(get_export).delete(delete_export))
         .route("/v1/exports/{id}/result", get(get_result))
         .route("/v1/search", get(search_exports))
         .with_state(state)
@@ -88,15 +89,39 @@ fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
     Ok(key.to_owned())
 }
 
+/// The caller's job; a deleted one answers 410 Gone (only its owner learns
+/// that it existed).
 async fn get_export(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Json<Job>, Problem> {
     let caller = state.tokens.caller(&headers)?;
-    jobs::get(&state.db, &caller, &id).await?.map(Json).ok_or_else(Problem::not_found)
+    let job = jobs::get(&state.db, &caller, &id).await?.ok_or_else(Problem::not_found)?;
+    if job.status == jobs::DELETED {
+        return Err(deleted(&job));
+    }
+    Ok(Json(job))
+}
+
+fn deleted(job: &Job) -> Problem {
+    Problem::gone(format!("export {} was deleted", job.job_id))
+}
+
+/// Deletes the caller's job: 204 when it is (or already was) deleted — a
+/// repeat is harmless; 409 while an attempt runs it; 404 for anyone else's.
+async fn delete_export(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<StatusCode, Problem> {
+    let caller = state.tokens.caller(&headers)?;
+    match deletion::delete(&state.db, &state.intake.topics, &caller, &id).await? {
+        Deletion::Deleted(_) | Deletion::AlreadyDeleted(_) => Ok(StatusCode::NO_CONTENT),
+        Deletion::Running(job) => Err(Problem::running(format!("export {} is {}; delete it after it finished", job.job_id, job.status))),
+        Deletion::NotFound => Err(Problem::not_found()),
+    }
 }
 
 /// Streams the selected artifact. Only the owner learns that the job exists.
 async fn get_result(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response, Problem> {
     let caller = state.tokens.caller(&headers)?;
     let job = jobs::get(&state.db, &caller, &id).await?.ok_or_else(Problem::not_found)?;
+    if job.status == jobs::DELETED {
+        return Err(deleted(&job));
+    }
     let Some(result_id) = job.result_id.filter(|_| job.status == jobs::SUCCEEDED) else {
         return Err(Problem::not_ready(format!("export is {}", job.status)));
     };

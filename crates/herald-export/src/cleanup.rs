@@ -1,7 +1,8 @@
 //! Orphan cleanup. A candidate may be removed only when no attempt can ever
 //! select it: its generation is older than the job's (completion is fenced on
 //! the generation, which never goes back) or the job is finished with another
-//! result. Both conditions, once true, stay true — so deleting a candidate
+//! result, or the job was deleted (then its selected result goes too). All
+//! three conditions, once true, stay true — so deleting a candidate
 //! mid-completion is impossible by construction, not by timing. The grace
 //! period only lets a fenced attempt's late write land before its file goes.
 
@@ -13,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::artifact::ArtifactStore;
-use crate::lifecycle::{FAILED, SUCCEEDED};
+use crate::lifecycle::{DELETED, FAILED, SUCCEEDED};
 use crate::ExportError;
 
 const BATCH: i64 = 100;
@@ -23,13 +24,14 @@ pub async fn orphans(db: &Db, now: i64, grace: Duration) -> Result<Vec<String>, 
     let cutoff = now - i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let rows = sqlx::query(
         "SELECT a.result_id FROM export_artifacts a JOIN export_jobs j ON j.job_id = a.job_id \
-         WHERE a.created_at_ms < $1 AND (j.result_id IS NULL OR j.result_id <> a.result_id) \
-         AND (j.generation > a.generation OR j.status IN ($2, $3)) ORDER BY a.created_at_ms LIMIT $4",
+         WHERE a.created_at_ms < $1 AND (j.status = $5 OR ((j.result_id IS NULL OR j.result_id <> a.result_id) \
+         AND (j.generation > a.generation OR j.status IN ($2, $3)))) ORDER BY a.created_at_ms LIMIT $4",
     )
     .bind(cutoff)
     .bind(SUCCEEDED)
     .bind(FAILED)
     .bind(BATCH)
+    .bind(DELETED)
     .fetch_all(db.pool())
     .await?;
     rows.iter().map(|r| r.try_get("result_id").map_err(StoreError::from)).collect()

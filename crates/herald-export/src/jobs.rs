@@ -14,7 +14,7 @@ use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::{self, LeasePolicy};
 use crate::{ExportError, ExportRequest, OPERATION_CREATE};
 
-pub use crate::lifecycle::{FAILED, PENDING, RUNNING, SUCCEEDED};
+pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
 /// An export job as its owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -7,6 +7,8 @@
 //! - [`attempts`]: start (generation + 1), renew, complete, fail — each a
 //!   conditional update on job id + generation, so a stale attempt changes
 //!   nothing.
+//! - [`deletion`]: the owner's delete (job `deleted` + `export.deleted` in
+//!   the outbox, one transaction).
 //! - [`scanner`]: takes over jobs whose lease or dispatch deadline passed.
 //! - [`cleanup`]: removes candidate artifacts no attempt can select any more.
 //! - [`worker`]: consumes export commands and runs attempts.
@@ -16,6 +18,7 @@
 pub mod artifact;
 pub mod attempts;
 pub mod cleanup;
+pub mod deletion;
 pub mod faults;
 pub mod intake;
 pub mod jobs;

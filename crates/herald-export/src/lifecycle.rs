@@ -7,7 +7,12 @@
 //! pending ──start (generation+1)──► running ──complete (same generation)──► succeeded
 //!    ▲                                 │ └──failure, budget left──► pending (retry at)
 //!    └──takeover (generation+1)────────┘ └──failure, budget spent──► failed
+//!
+//! pending | succeeded | failed ──delete (owner, version+1)──► deleted
 //! ```
+//!
+//! A running job cannot be deleted (its attempt holds a lease and may be
+//! writing the artifact): the owner retries after it finished.
 
 use std::time::Duration;
 
@@ -15,10 +20,16 @@ pub const PENDING: &str = "pending";
 pub const RUNNING: &str = "running";
 pub const SUCCEEDED: &str = "succeeded";
 pub const FAILED: &str = "failed";
+/// Deleted by its owner: final; its search document is gone and its artifact
+/// is removed by cleanup.
+pub const DELETED: &str = "deleted";
+
+/// States a job may be deleted from.
+pub const DELETABLE: [&str; 3] = [PENDING, SUCCEEDED, FAILED];
 
 /// Whether a status is final: nothing changes a terminal job again.
 pub fn is_terminal(status: &str) -> bool {
-    status == SUCCEEDED || status == FAILED
+    status == SUCCEEDED || status == FAILED || status == DELETED
 }
 
 /// Timings and budgets of attempts.
@@ -119,7 +130,8 @@ mod tests {
 
     #[test]
     fn terminal_states_are_final() {
-        assert!(is_terminal(SUCCEEDED) && is_terminal(FAILED));
+        assert!(is_terminal(SUCCEEDED) && is_terminal(FAILED) && is_terminal(DELETED));
+        assert!(!DELETABLE.contains(&RUNNING) && !DELETABLE.contains(&DELETED));
         assert!(!is_terminal(PENDING) && !is_terminal(RUNNING));
     }
 }

@@ -9,6 +9,7 @@
 
 mod config;
 mod embedded;
+pub mod offsets;
 mod topics;
 
 pub use config::{consumer_config, producer_config};

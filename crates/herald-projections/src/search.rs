@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use herald_consumer::{Handler, HandlerError};
-use herald_envelope::{DecodedEvent, EventData, ExportCompleted};
+use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
 use herald_store::{Db, StoreError, Tx};
 use serde::Serialize;
 use sqlx::Row;
@@ -14,13 +14,14 @@ use sqlx::Row;
 pub const SUBSCRIPTION: &str = "search";
 const PROJECTION: &str = "search";
 
-/// Applies `herald.export.completed` to the active generation.
+/// Applies `herald.export.completed` (a document) and `herald.export.deleted`
+/// (a tombstone) to every generation that follows live traffic.
 #[derive(Debug, Clone, Default)]
 pub struct SearchHandler;
 
 impl Handler for SearchHandler {
     fn handles(&self, event_type: &str) -> bool {
-        event_type == ExportCompleted::EVENT_TYPE
+        Fact::handles(event_type)
     }
 
     async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
@@ -30,28 +31,73 @@ impl Handler for SearchHandler {
     /// Live events go to every generation that follows live traffic: the
     /// active one, the rollback target, and one being rebuilt.
     async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
-        let docs = newest_per_job(events)?;
+        let mut facts = Vec::with_capacity(events.len());
+        for event in events {
+            if let Some(fact) = Fact::of(event)? {
+                facts.push(fact);
+            }
+        }
+        let facts = newest_per_job(facts);
         for generation in live_generations(tx).await? {
-            upsert_many(tx, generation, &docs).await?;
+            write(tx, generation, &facts).await?;
         }
         Ok(())
     }
 }
 
-/// One document per job: the newest business version among `events` (one
+/// What the search projection learns about one job from one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fact {
+    /// The job finished: its document.
+    Completed(ExportCompleted),
+    /// The job was deleted: its document goes, a tombstone with the business
+    /// version stays, so an older `completed` delivered later (another
+    /// partition's lag, a redelivery, a replay) can never bring it back.
+    Deleted(ExportDeleted),
+}
+
+impl Fact {
+    pub fn handles(event_type: &str) -> bool {
+        event_type == ExportCompleted::EVENT_TYPE || event_type == ExportDeleted::EVENT_TYPE
+    }
+
+    /// The fact `event` carries, `None` for event types search ignores.
+    pub fn of(event: &DecodedEvent) -> Result<Option<Fact>, EnvelopeError> {
+        Ok(match event.event_type.as_str() {
+            ExportCompleted::EVENT_TYPE => Some(Fact::Completed(event.data_as()?)),
+            ExportDeleted::EVENT_TYPE => Some(Fact::Deleted(event.data_as()?)),
+            _ => None,
+        })
+    }
+
+    pub fn job_id(&self) -> &str {
+        match self {
+            Fact::Completed(c) => &c.job_id,
+            Fact::Deleted(d) => &d.job_id,
+        }
+    }
+
+    pub fn version(&self) -> i64 {
+        match self {
+            Fact::Completed(c) => c.version,
+            Fact::Deleted(d) => d.version,
+        }
+    }
+}
+
+/// One fact per job: the newest business version among `facts` (one
 /// statement may not touch the same row twice on PostgreSQL).
-pub fn newest_per_job(events: &[&DecodedEvent]) -> Result<Vec<ExportCompleted>, HandlerError> {
-    let mut newest: BTreeMap<String, ExportCompleted> = BTreeMap::new();
-    for event in events {
-        let data: ExportCompleted = event.data_as()?;
-        match newest.get(&data.job_id) {
-            Some(seen) if seen.version >= data.version => {}
+pub fn newest_per_job(facts: impl IntoIterator<Item = Fact>) -> Vec<Fact> {
+    let mut newest: BTreeMap<String, Fact> = BTreeMap::new();
+    for fact in facts {
+        match newest.get(fact.job_id()) {
+            Some(seen) if seen.version() >= fact.version() => {}
             _ => {
-                newest.insert(data.job_id.clone(), data);
+                newest.insert(fact.job_id().to_owned(), fact);
             }
         }
     }
-    Ok(newest.into_values().collect())
+    newest.into_values().collect()
 }
 
 /// States whose generations receive live writes. `archived` (older than the
@@ -74,37 +120,91 @@ async fn live_generations(tx: &mut Tx<'_>) -> Result<Vec<i64>, StoreError> {
     rows.iter().map(|r| r.try_get("generation").map_err(StoreError::from)).collect()
 }
 
-/// Writes documents into `generation` unless it already holds a newer
-/// business version of the same job: facts may arrive out of order across
-/// partitions, replays and live traffic; the version decides, not arrival.
-/// Applying the same document twice changes nothing, which is what lets a
-/// replay and live traffic both write a generation being rebuilt.
-pub async fn upsert_many(tx: &mut Tx<'_>, generation: i64, docs: &[ExportCompleted]) -> Result<(), StoreError> {
+/// One row of `search_documents`: a document, or a tombstone (`deleted_at_ms`
+/// set, every other field blanked so nothing of the deleted job stays
+/// searchable or readable).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DocumentRow {
+    pub job_id: String,
+    pub caller: String,
+    pub format: String,
+    pub query: String,
+    pub result_id: String,
+    pub size_bytes: i64,
+    pub completed_at_ms: i64,
+    pub version: i64,
+    pub deleted_at_ms: Option<i64>,
+}
+
+impl From<&Fact> for DocumentRow {
+    fn from(fact: &Fact) -> DocumentRow {
+        match fact {
+            Fact::Completed(c) => DocumentRow {
+                job_id: c.job_id.clone(),
+                caller: c.caller.clone(),
+                format: c.format.clone(),
+                query: c.query.clone(),
+                result_id: c.result_id.clone(),
+                size_bytes: c.size_bytes,
+                completed_at_ms: c.completed_at_ms,
+                version: c.version,
+                deleted_at_ms: None,
+            },
+            Fact::Deleted(d) => DocumentRow {
+                job_id: d.job_id.clone(),
+                caller: d.caller.clone(),
+                format: String::new(),
+                query: String::new(),
+                result_id: String::new(),
+                size_bytes: 0,
+                completed_at_ms: 0,
+                version: d.version,
+                deleted_at_ms: Some(d.deleted_at_ms),
+            },
+        }
+    }
+}
+
+/// Writes `facts` (at most one per job) into `generation`.
+pub async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[Fact]) -> Result<(), StoreError> {
+    let rows: Vec<DocumentRow> = facts.iter().map(DocumentRow::from).collect();
+    upsert_rows(tx, generation, &rows).await
+}
+
+/// Writes rows into `generation` unless it already holds a newer business
+/// version of the same job: facts may arrive out of order across partitions,
+/// replays and live traffic; the version decides, not arrival. A tombstone
+/// is a row like any other, so the same guard keeps an older document from
+/// replacing it. Applying the same row twice changes nothing, which is what
+/// lets a replay and live traffic both write a generation being rebuilt.
+pub async fn upsert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow]) -> Result<(), StoreError> {
     // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
-    for chunk in herald_store::outbox::statement_chunks(docs) {
+    for chunk in herald_store::outbox::statement_chunks(rows) {
         let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 9 + 1, 9))).collect();
+            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
         let sql = format!(
             "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
-             size_bytes, completed_at_ms, version) VALUES {} \
+             size_bytes, completed_at_ms, version, deleted_at_ms) VALUES {} \
              ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
              format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
              size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
-             version = excluded.version WHERE search_documents.version < excluded.version",
+             version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
+             WHERE search_documents.version < excluded.version",
             values.join(", ")
         );
         let mut query = sqlx::query(&sql);
-        for doc in chunk {
+        for row in chunk {
             query = query
                 .bind(generation)
-                .bind(&doc.job_id)
-                .bind(&doc.caller)
-                .bind(&doc.format)
-                .bind(&doc.query)
-                .bind(&doc.result_id)
-                .bind(doc.size_bytes)
-                .bind(doc.completed_at_ms)
-                .bind(doc.version);
+                .bind(&row.job_id)
+                .bind(&row.caller)
+                .bind(&row.format)
+                .bind(&row.query)
+                .bind(&row.result_id)
+                .bind(row.size_bytes)
+                .bind(row.completed_at_ms)
+                .bind(row.version)
+                .bind(row.deleted_at_ms);
         }
         query.execute(&mut **tx).await?;
     }
@@ -139,7 +239,7 @@ pub async fn search(db: &Db, caller: &str, text: &str, limit: i64) -> Result<Sea
     let pattern = format!("%{}%", escape_like(&text.to_lowercase()));
     let rows = sqlx::query(
         "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
-         WHERE generation = $1 AND caller = $2 AND lower(query) LIKE $3 ESCAPE '\\' \
+         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
          ORDER BY completed_at_ms DESC, job_id LIMIT $4",
     )
     .bind(generation)
@@ -165,11 +265,11 @@ pub async fn search(db: &Db, caller: &str, text: &str, limit: i64) -> Result<Sea
     Ok(SearchResults { generation, hits })
 }
 
-/// Documents in the active generation, for reports and audits.
+/// Documents (not tombstones) in the active generation, for reports and audits.
 pub async fn count_active(db: &Db) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "SELECT COUNT(*) AS n FROM search_documents d JOIN active_generations g \
-         ON g.projection = $1 AND d.generation = g.generation",
+         ON g.projection = $1 AND d.generation = g.generation WHERE d.deleted_at_ms IS NULL",
     )
     .bind(PROJECTION)
     .fetch_one(db.pool())
@@ -179,4 +279,41 @@ pub async fn count_active(db: &Db) -> Result<i64, StoreError> {
 
 fn escape_like(text: &str) -> String {
     text.replace('\\', "\\\\").replace('%', "\\%").replace('_', "\\_")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn completed(job: &str, version: i64) -> Fact {
+        Fact::Completed(ExportCompleted {
+            job_id: job.into(),
+            caller: "alice".into(),
+            format: "csv".into(),
+            query: "q".into(),
+            result_id: "r".into(),
+            size_bytes: 1,
+            sha256: String::new(),
+            completed_at_ms: 1,
+            version,
+            content_type: "text/csv".into(),
+        })
+    }
+
+    fn deleted(job: &str, version: i64) -> Fact {
+        Fact::Deleted(ExportDeleted { job_id: job.into(), caller: "alice".into(), deleted_at_ms: 9, version })
+    }
+
+    #[test]
+    fn the_newest_version_wins_whatever_the_order() {
+        let facts = newest_per_job([deleted("a", 3), completed("a", 2), completed("b", 2), completed("b", 4)]);
+        assert_eq!(facts, vec![deleted("a", 3), completed("b", 4)]);
+    }
+
+    #[test]
+    fn a_tombstone_keeps_the_version_and_blanks_the_document() {
+        let row = DocumentRow::from(&deleted("a", 3));
+        assert_eq!((row.version, row.deleted_at_ms, row.query.as_str(), row.result_id.as_str()), (3, Some(9), "", ""));
+        assert_eq!(DocumentRow::from(&completed("a", 2)).deleted_at_ms, None);
+    }
 }

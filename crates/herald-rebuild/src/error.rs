@@ -23,6 +23,18 @@ pub enum RebuildError {
     /// Live traffic did not pass the boundary in time (is the live
     /// subscription running?): rerun later; the generation waits in
     /// `catching_up` and keeps receiving live writes.
+    /// Retention removed records the active generation was built from: the
+    /// rebuild would silently lose their documents. Reject; rerun with
+    /// `--from-snapshot` (a snapshot covering the gap).
+    #[error("history incomplete, refusing to rebuild: {}; pass --from-snapshot FILE (from `herald snapshot search`) covering it", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    HistoryGap(Vec<crate::history::Gap>),
+    /// The snapshot file is unreadable, corrupted, altered, of another
+    /// projection or topic, or does not cover the gap: reject; nothing written.
+    #[error("snapshot refused: {0}")]
+    Snapshot(String),
+    /// The snapshot file could not be read or written: fix the path.
+    #[error("snapshot file: {0}")]
+    Io(#[from] std::io::Error),
     #[error("live subscription is still behind the boundary after {0:?}: {1}")]
     CatchUpTimeout(std::time::Duration, String),
 }

@@ -1,6 +1,7 @@
 //! The generations of a projection and the transactions that move reads
 //! between them.
 
+use herald_projections::search::{self, DocumentRow};
 use herald_store::{Db, StoreError, Tx, now_ms};
 use serde::Serialize;
 use sqlx::Row;
@@ -73,9 +74,11 @@ pub async fn in_state(db: &Db, projection: &str, states: &[&str]) -> Result<Opti
 }
 
 /// Creates generation N+1 in `building`, with its boundary and start offsets
-/// per partition, in one transaction: from its commit on, live traffic
-/// writes it too, and everything before the boundary is the replay's.
-pub async fn create_next(db: &Db, projection: &str, topic: &str, positions: &[Position]) -> Result<Generation, StoreError> {
+/// per partition, the history it needs (its start offsets) and the
+/// documents of a snapshot it starts from, in one transaction: from its
+/// commit on, live traffic writes it too, and everything between the starts
+/// and the boundary is the replay's.
+pub async fn create_next(db: &Db, projection: &str, topic: &str, positions: &[Position], documents: &[DocumentRow]) -> Result<Generation, StoreError> {
     let now = now_ms();
     let mut tx = db.begin().await?;
     let next: i64 = sqlx::query("SELECT COALESCE(MAX(generation), 0) + 1 AS n FROM projection_generations WHERE projection = $1")
@@ -105,6 +108,11 @@ pub async fn create_next(db: &Db, projection: &str, topic: &str, positions: &[Po
         .bind(p.boundary_offset)
         .execute(&mut *tx)
         .await?;
+    }
+    let starts: Vec<(i32, i64)> = positions.iter().map(|p| (p.partition, p.next_offset)).collect();
+    crate::history::record(&mut tx, projection, next, topic, &starts).await?;
+    for chunk in documents.chunks(10_000) {
+        search::upsert_rows(&mut tx, next, chunk).await?;
     }
     tx.commit().await?;
     Ok(list(db, projection).await?.into_iter().find(|g| g.generation == next).expect("just created"))

@@ -5,6 +5,10 @@
 //! - [`replay`]: reads retained history with the generation's own read
 //!   positions up to the recorded boundary, writing only that generation.
 //! - [`verify`]: compares two generations in one snapshot.
+//! - [`history`]: the first offset each generation needs per partition, and
+//!   the gaps retention left.
+//! - [`snapshot`]: the active generation's documents with the positions
+//!   they are consistent with, checksummed, to rebuild across a gap.
 //! - [`rebuild`]: the whole procedure — create (or resume), replay, wait for
 //!   live traffic to pass the boundary, verify, switch.
 //!
@@ -20,9 +24,12 @@
 //! history cannot notify anyone, by construction.
 
 pub mod generations;
+pub mod history;
 pub mod rebuild;
 pub mod replay;
+pub mod snapshot;
 pub mod verify;
+mod write;
 
 mod error;
 

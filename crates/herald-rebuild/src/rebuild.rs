@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::generations::{self, BUILDING, CATCHING_UP, FAILED, Position};
+use crate::history;
+use crate::snapshot::{self, Snapshot};
+use herald_projections::search::DocumentRow;
 use crate::replay::{self, ReplayProgress};
 use crate::verify;
 use crate::{Projection, RebuildError};
@@ -40,6 +43,25 @@ pub struct RebuildOptions {
     pub dry_run: bool,
     /// Records per replay transaction.
     pub batch: usize,
+    /// Start from this snapshot (`herald snapshot search`) instead of the
+    /// earliest retained records.
+    pub from_snapshot: Option<std::path::PathBuf>,
+}
+
+impl Default for RebuildOptions {
+    fn default() -> Self {
+        RebuildOptions {
+            brokers: String::new(),
+            topic: String::new(),
+            live_group: String::new(),
+            switch: SwitchMode::Auto,
+            lag_threshold: 0,
+            catch_up_timeout: Duration::from_secs(600),
+            dry_run: false,
+            batch: replay::DEFAULT_BATCH,
+            from_snapshot: None,
+        }
+    }
 }
 
 /// Receives what a rebuild is doing, for a progress bar or plain lines.
@@ -68,12 +90,13 @@ pub async fn rebuild<P: Projection>(db: &Db, options: &RebuildOptions, progress:
     let generation = match resumable {
         Some(g) => g.generation,
         None => {
-            let boundary = watermarks(&options.brokers, &options.topic).await?;
+            let watermarks = watermarks(&options.brokers, &options.topic).await?;
+            let (boundary, documents) = plan::<P>(db, options, previous_active, &watermarks).await?;
             if options.dry_run {
                 let to_replay = boundary.iter().map(|p| (p.boundary_offset - p.next_offset).max(0) as u64).sum();
                 return Ok(RebuildReport { generation: 0, previous_active, state: "planned".into(), replayed: 0, to_replay, documents: None, switched: false, resumed: false, dry_run: true });
             }
-            generations::create_next(db, P::NAME, &options.topic, &boundary).await?.generation
+            generations::create_next(db, P::NAME, &options.topic, &boundary, &documents).await?.generation
         }
     };
     progress.phase(&format!("{} generation {generation}: replaying to the boundary", if resumed { "resuming" } else { "building" }));
@@ -106,6 +129,26 @@ pub async fn rebuild<P: Projection>(db: &Db, options: &RebuildOptions, progress:
     }
     progress.phase(&format!("generation {generation}: {}", report.state));
     Ok(report)
+}
+
+/// Where the new generation starts and what it starts with: the earliest
+/// retained records and nothing, if they still include everything the active
+/// generation was built from; a snapshot's documents and positions, if one
+/// is given (and covers what is gone); otherwise a refusal naming the gap.
+async fn plan<P: Projection>(db: &Db, options: &RebuildOptions, active: i64, watermarks: &[Position]) -> Result<(Vec<Position>, Vec<DocumentRow>), RebuildError> {
+    if let Some(path) = &options.from_snapshot {
+        let snapshot = Snapshot::decode(&tokio::fs::read(path).await?)?;
+        let starts = snapshot::starts(&snapshot, P::NAME, &options.topic, watermarks)?;
+        info!(path = %path.display(), documents = snapshot.documents.len(), "starting from a snapshot");
+        return Ok((starts, snapshot.documents));
+    }
+    let needed = history::needed(db, P::NAME, active, &options.topic).await?;
+    let low: Vec<(i32, i64)> = watermarks.iter().map(|p| (p.partition, p.next_offset)).collect();
+    let gaps = history::gaps(&options.topic, &needed, &low);
+    if !gaps.is_empty() {
+        return Err(RebuildError::HistoryGap(gaps));
+    }
+    Ok((watermarks.to_vec(), Vec::new()))
 }
 
 /// Waits until the live group's committed offsets are within the lag

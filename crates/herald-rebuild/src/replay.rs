@@ -1,25 +1,37 @@
 //! Replay: retained history from the generation's own positions up to its
 //! boundary, into that generation only. No consumer group: positions live in
 //! the database, committed with the documents they produced.
+//!
+//! Shape: one reader thread receives records and decodes them (CloudEvents
+//! and Avro — the CPU work) and hands batches to two lanes; each lane owns a
+//! fixed set of partitions and applies its batches one transaction each
+//! (inbox rows of the replay's scope, documents, that lane's positions), so
+//! decoding and both lanes' database work overlap. A lane's partitions are
+//! its alone, so positions never go backwards and no two lanes touch the same
+//! job (a job's facts share a key, hence a partition).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use herald_envelope::{DecodedEvent, EventData, ExportCompleted, decode_any};
-use herald_projections::search;
-use herald_store::inbox::{self, Delivery, Entry};
-use herald_store::{Db, StoreError};
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use herald_envelope::{EventKey, decode_any};
+use herald_projections::search::Fact;
+use herald_store::Db;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::generations::{self, Position};
+use crate::write::Writer;
 use crate::{Projection, RebuildError};
 
 /// Records applied per transaction unless told otherwise.
-pub const DEFAULT_BATCH: usize = 2_000;
+pub const DEFAULT_BATCH: usize = 5_000;
+/// Lanes applying batches concurrently.
+const LANES: usize = 2;
 
 /// Where a replay stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,8 +48,26 @@ pub fn dedup_scope<P: Projection>(generation: i64) -> String {
     format!("{}@g{generation}", P::NAME)
 }
 
+/// One replayed record: where it was and what it said.
+#[derive(Debug, Clone)]
+pub struct Replayed {
+    pub partition: i32,
+    pub offset: i64,
+    pub content: Content,
+}
+
+#[derive(Debug, Clone)]
+pub enum Content {
+    /// Could not be decoded: skipped (the live subscription dead-letters it).
+    Undecodable,
+    /// An event search does not apply (still moves the position).
+    Ignored,
+    /// A fact for the search projection.
+    Fact { key: EventKey, event_type: String, fact: Box<Fact> },
+}
+
 /// Replays `topic` into `generation` until every partition reached its
-/// boundary (or `shutdown`). Calls `on_progress` after every batch.
+/// boundary (or `shutdown`). Calls `on_progress` after every committed batch.
 pub async fn replay<P: Projection>(
     db: &Db,
     brokers: &str,
@@ -49,24 +79,48 @@ pub async fn replay<P: Projection>(
 ) -> Result<ReplayProgress, RebuildError> {
     let positions = generations::positions(db, P::NAME, generation).await?;
     let mut progress = ReplayProgress { total: positions.iter().map(|p| (p.boundary_offset - p.next_offset).max(0) as u64).sum(), ..Default::default() };
-    let mut open: BTreeMap<i32, Position> = positions.into_iter().filter(|p| !p.done()).map(|p| (p.partition, p)).collect();
+    let open: BTreeMap<i32, Position> = positions.into_iter().filter(|p| !p.done()).map(|p| (p.partition, p)).collect();
     if open.is_empty() {
         return Ok(progress);
     }
+    let writer = Arc::new(Writer::open(db, P::NAME, generation, &dedup_scope::<P>(generation), topic).await?);
+    let lane_of: BTreeMap<i32, usize> = open.keys().enumerate().map(|(i, p)| (*p, i % LANES)).collect();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::channel::<Vec<Replayed>>(2)).unzip();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, u64)>();
     let consumer = reader(brokers, topic, &open)?;
-    let scope = dedup_scope::<P>(generation);
-    while !open.is_empty() && !shutdown.is_cancelled() {
-        let batch = read_batch(&consumer, &mut open, batch_size.max(1)).await?;
-        progress.done += batch.len() as u64;
-        progress.skipped_undecodable += apply(db, P::NAME, generation, &scope, topic, &batch).await?;
-        on_progress(progress);
-        tokio::task::yield_now().await;
-    }
+    let reading = {
+        let shutdown = shutdown.clone();
+        tokio::task::spawn_blocking(move || read_all(&consumer, open, &lane_of, senders, batch_size.max(1), &shutdown))
+    };
+    let lanes = futures::future::try_join_all(receivers.into_iter().map(|mut rx| {
+        let (writer, done_tx) = (writer.clone(), done_tx.clone());
+        async move {
+            while let Some(batch) = rx.recv().await {
+                let skipped = writer.apply(&batch).await?;
+                if skipped > 0 {
+                    warn!(skipped, generation, "undecodable records skipped by the replay");
+                }
+                let _ = done_tx.send((batch.len() as u64, skipped));
+            }
+            Ok::<(), RebuildError>(())
+        }
+    }));
+    drop(done_tx);
+    let report = async {
+        while let Some((done, skipped)) = done_rx.recv().await {
+            progress.done += done;
+            progress.skipped_undecodable += skipped;
+            on_progress(progress);
+        }
+    };
+    let read = async { reading.await.map_err(|e| RebuildError::State(format!("replay reader: {e}")))? };
+    let (_, (), ()) = tokio::try_join!(lanes, async { report.await; Ok::<(), RebuildError>(()) }, read)?;
+    writer.close().await;
     Ok(progress)
 }
 
-fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<StreamConsumer, RebuildError> {
-    let consumer: StreamConsumer = ClientConfig::new()
+fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, RebuildError> {
+    let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         // Required by librdkafka, never used: this consumer assigns partitions
         // itself and never commits.
@@ -83,31 +137,40 @@ fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<
     Ok(consumer)
 }
 
-/// One replayed record: where it was and what it said (None: undecodable).
-pub struct Replayed {
-    partition: i32,
-    offset: i64,
-    event: Option<DecodedEvent>,
-}
-
-/// Reads up to `size` records below their partitions' boundaries; closes
-/// partitions that reached theirs.
-async fn read_batch(consumer: &StreamConsumer, open: &mut BTreeMap<i32, Position>, size: usize) -> Result<Vec<Replayed>, RebuildError> {
-    let mut batch = Vec::new();
-    while batch.len() < size && !open.is_empty() {
-        let wait = Duration::from_millis(if batch.is_empty() { 500 } else { 20 });
-        let Ok(msg) = tokio::time::timeout(wait, consumer.recv()).await else {
-            if batch.is_empty() {
-                continue;
+/// The reader thread: receives and decodes batches until every partition
+/// reached its boundary, the lanes stopped, or `shutdown`.
+fn read_all(
+    consumer: &BaseConsumer,
+    mut open: BTreeMap<i32, Position>,
+    lane_of: &BTreeMap<i32, usize>,
+    lanes: Vec<mpsc::Sender<Vec<Replayed>>>,
+    size: usize,
+    shutdown: &CancellationToken,
+) -> Result<(), RebuildError> {
+    while !open.is_empty() && !shutdown.is_cancelled() {
+        let mut batches: Vec<Vec<Replayed>> = vec![Vec::new(); lanes.len()];
+        let mut read = 0;
+        while read < size && !open.is_empty() {
+            let wait = Duration::from_millis(if read == 0 { 200 } else { 10 });
+            let Some(msg) = consumer.poll(wait) else {
+                if read == 0 && !shutdown.is_cancelled() {
+                    continue;
+                }
+                break;
+            };
+            if let Some(record) = take(&msg?, &mut open) {
+                batches[lane_of[&record.partition]].push(record);
+                read += 1;
             }
-            break;
-        };
-        let msg = msg?;
-        if let Some(record) = take(&msg, open) {
-            batch.push(record);
+        }
+        for (lane, batch) in lanes.iter().zip(batches) {
+            if !batch.is_empty() && lane.blocking_send(batch).is_err() {
+                // A lane failed; its error is what the replay reports.
+                return Ok(());
+            }
         }
     }
-    Ok(batch)
+    Ok(())
 }
 
 fn take(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option<Replayed> {
@@ -120,46 +183,13 @@ fn take(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option
     if position.done() {
         open.remove(&msg.partition());
     }
-    Some(Replayed { partition: msg.partition(), offset: msg.offset(), event: decode_any(msg).ok() })
-}
-
-/// One transaction: inbox rows of the replay's scope, documents of the
-/// first-seen events into `generation` only, and the new positions.
-/// Returns how many records could not be decoded (skipped; the live
-/// subscription dead-letters those).
-async fn apply(db: &Db, projection: &str, generation: i64, scope: &str, topic: &str, batch: &[Replayed]) -> Result<u64, StoreError> {
-    let skipped = batch.iter().filter(|r| r.event.is_none()).count() as u64;
-    if skipped > 0 {
-        warn!(skipped, generation, "undecodable records skipped by the replay");
-    }
-    let relevant: Vec<(&Replayed, &DecodedEvent, ExportCompleted)> = batch
-        .iter()
-        .filter_map(|r| r.event.as_ref().map(|e| (r, e)))
-        .filter(|(_, e)| e.event_type == ExportCompleted::EVENT_TYPE)
-        .filter_map(|(r, e)| e.data_as::<ExportCompleted>().ok().map(|d| (r, e, d)))
-        .collect();
-    let mut tx = db.begin().await?;
-    let entries: Vec<Entry<'_>> = relevant
-        .iter()
-        .map(|(r, e, _)| Entry { key: &e.key, event_type: &e.event_type, delivery: Delivery { topic, partition: r.partition, offset: r.offset } })
-        .collect();
-    let first: HashSet<_> = inbox::claim_batch(&mut tx, scope, &entries).await?;
-    let mut newest: BTreeMap<&str, &ExportCompleted> = BTreeMap::new();
-    for (_, e, data) in &relevant {
-        if first.contains(&e.key) && newest.get(data.job_id.as_str()).is_none_or(|seen| seen.version < data.version) {
-            newest.insert(&data.job_id, data);
-        }
-    }
-    let docs: Vec<ExportCompleted> = newest.into_values().cloned().collect();
-    search::upsert_many(&mut tx, generation, &docs).await?;
-    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
-    for r in batch {
-        let n = next.entry(r.partition).or_insert(0);
-        *n = (*n).max(r.offset + 1);
-    }
-    for (partition, next_offset) in next {
-        generations::advance(&mut tx, projection, generation, partition, next_offset).await?;
-    }
-    tx.commit().await?;
-    Ok(skipped)
+    let content = match decode_any(msg) {
+        Err(_) => Content::Undecodable,
+        Ok(event) => match Fact::of(&event) {
+            Err(_) => Content::Undecodable,
+            Ok(None) => Content::Ignored,
+            Ok(Some(fact)) => Content::Fact { key: event.key, event_type: event.event_type, fact: Box::new(fact) },
+        },
+    };
+    Some(Replayed { partition: msg.partition(), offset: msg.offset(), content })
 }

@@ -31,6 +31,11 @@ pub struct ConsumeArgs {
     /// Most records applied in one transaction.
     #[arg(long, env = "HERALD_MAX_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_batch: u32,
+    /// notify only: where to start when the group has no committed offset and
+    /// the topic holds history — `latest` or an RFC 3339 time. Without it,
+    /// such a start is refused (exit 2) rather than notifying old events.
+    #[arg(long, value_parser = crate::notify_start::parse_start_at)]
+    pub start_at: Option<crate::notify_start::StartAt>,
     /// Fault injection for crash tests: `pause-after-commit:N` stops forever
     /// after the N-th batch committed and before its offsets are stored.
     #[arg(long, env = "HERALD_FAULT", hide = true, value_parser = parse_fault)]
@@ -91,7 +96,20 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         signal.cancel();
     });
     let metrics = Metrics::default();
-    let s = subscriptions::run(args.subscription, &db, &sub, &options, &metrics, shutdown).await?;
+    if args.start_at.is_some() && args.subscription != Name::Notify {
+        eprintln!("error: --start-at applies to the notify subscription only");
+        return Ok(ExitCode::from(2));
+    }
+    let s = match subscriptions::run_from(args.subscription, &db, &sub, &options, &metrics, args.start_at, shutdown).await {
+        Ok(s) => s,
+        Err(e) => match e.downcast_ref::<crate::notify_start::Refused>() {
+            Some(refused) => {
+                eprintln!("error: {refused}");
+                return Ok(ExitCode::from(2));
+            }
+            None => return Err(e),
+        },
+    };
     println!(
         "{}",
         json!({"subscription": sub.name, "group": sub.group, "applied": s.applied, "duplicates": s.duplicates,

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use herald_kafka::Topics;
 use herald_rebuild::generations::{self, Generation};
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
-use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild};
+use herald_rebuild::{Progress, RebuildError, RebuildOptions, Search, SwitchMode, rebuild};
 use herald_store::Db;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
@@ -56,6 +56,11 @@ pub enum RebuildCommand {
         lag_threshold: i64,
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         catch_up_timeout: Duration,
+        /// Start from this snapshot (`herald snapshot search --out FILE`): its
+        /// documents, then replay from its positions. Required when retention
+        /// removed history the active generation was built from.
+        #[arg(long, value_name = "FILE")]
+        from_snapshot: Option<std::path::PathBuf>,
     },
     /// Switch reads to the ready generation.
     Switch { projection: ProjectionName },
@@ -96,7 +101,7 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Err(e.into()),
         },
-        RebuildCommand::Search { switch, dry_run, batch, lag_threshold, catch_up_timeout } => {
+        RebuildCommand::Search { switch, dry_run, batch, lag_threshold, catch_up_timeout, from_snapshot } => {
             let Some(brokers) = &args.kafka else {
                 eprintln!("error: --kafka (or HERALD_KAFKA_BROKERS) is required: a rebuild replays the broker's history");
                 return Ok(ExitCode::from(2));
@@ -114,6 +119,7 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
                 catch_up_timeout: *catch_up_timeout,
                 dry_run: *dry_run,
                 batch: *batch,
+                from_snapshot: from_snapshot.clone(),
             };
             let shutdown = CancellationToken::new();
             let signal = shutdown.clone();
@@ -122,7 +128,17 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
                 signal.cancel();
             });
             let mut progress = Reporter::new();
-            let report = rebuild::rebuild::<Search>(&db, &options, &mut progress, &shutdown).await?;
+            let report = match rebuild::rebuild::<Search>(&db, &options, &mut progress, &shutdown).await {
+                Ok(report) => report,
+                // The operator's input or the broker's history do not allow a
+                // rebuild: say why, write nothing, exit 2.
+                Err(e @ (RebuildError::HistoryGap(_) | RebuildError::Snapshot(_) | RebuildError::Io(_))) => {
+                    progress.finish();
+                    eprintln!("error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+                Err(e) => return Err(e.into()),
+            };
             progress.finish();
             println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)

@@ -45,6 +45,7 @@ impl LifecycleArgs {
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             dispatch: None,
+            notify_start_at: None,
         })
     }
 }

@@ -36,6 +36,11 @@ enum Command {
         lifecycle: LifecycleArgs,
         #[command(flatten)]
         notify: NotifyArgs,
+        /// Where the notify subscription starts when its group has no committed
+        /// offset and the events topic holds history: `latest` or an RFC 3339
+        /// time. Without it such a start is refused (exit 2).
+        #[arg(long, env = "HERALD_NOTIFY_START_AT", value_parser = herald::notify_start::parse_start_at)]
+        notify_start_at: Option<herald::notify_start::StartAt>,
     },
     /// Run the HTTP API alone (intake, job reads, search).
     Api {
@@ -75,6 +80,8 @@ enum Command {
     ProviderSim(cmd_provider_sim::ProviderSimArgs),
     /// Rebuild a projection into a new generation, switch, roll back, status.
     Rebuild(cmd_rebuild::RebuildArgs),
+    /// Export a projection's active generation with its positions (for rebuilds across a history gap).
+    Snapshot(herald::cmd_snapshot::SnapshotArgs),
     /// Inspect and redrive dead letters.
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
@@ -120,6 +127,11 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
+        // An operator's decision, not a failure: exit 2 like bad input.
+        Err(e) if e.downcast_ref::<herald::notify_start::Refused>().is_some() => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -130,14 +142,16 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen, lifecycle, notify } => serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify)).await,
+        Command::Serve { backends, listen, lifecycle, notify, notify_start_at } => {
+            serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify), notify_start_at).await
+        }
         Command::Api { backends, listen, lifecycle } => {
             let roles = Roles { api: Some(listen), relay: false, worker: false, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None).await
+            serve(backends, roles, Some(&lifecycle), None, None).await
         }
         Command::Worker { backends, lifecycle } => {
             let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None).await
+            serve(backends, roles, Some(&lifecycle), None, None).await
         }
         Command::Relay(args) => cmd_relay::run(args).await,
         Command::Status(args) => cmd_status::run(args).await,
@@ -148,10 +162,11 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
             let roles = Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true };
-            serve(backends, roles, None, Some(&notify)).await
+            serve(backends, roles, None, Some(&notify), None).await
         }
         Command::Notify(args) => cmd_notify::run(args).await,
         Command::Rebuild(args) => cmd_rebuild::run(args).await,
+        Command::Snapshot(args) => herald::cmd_snapshot::run(args).await,
         Command::ProviderSim(args) => cmd_provider_sim::run(args).await,
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,
@@ -168,8 +183,15 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
-async fn serve(backends: Backends, roles: Roles, lifecycle: Option<&LifecycleArgs>, notify: Option<&NotifyArgs>) -> anyhow::Result<ExitCode> {
+async fn serve(
+    backends: Backends,
+    roles: Roles,
+    lifecycle: Option<&LifecycleArgs>,
+    notify: Option<&NotifyArgs>,
+    notify_start_at: Option<herald::notify_start::StartAt>,
+) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
+    options.notify_start_at = notify_start_at;
     let env = backends.resolve().await?;
     if let (true, Some(notify)) = (roles.dispatcher, notify) {
         let url = match &notify.notify_url {

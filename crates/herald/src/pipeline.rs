@@ -25,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
+use crate::notify_start::{self, StartAt};
 use crate::subscriptions;
 
 /// What every role needs to reach.
@@ -72,6 +73,9 @@ pub struct Options {
     pub orphan_grace: Duration,
     /// The notification provider, for the dispatcher role.
     pub dispatch: Option<Dispatch>,
+    /// Where the notify subscription starts if its group has no committed
+    /// offset and the events topic holds history (`--notify-start-at`).
+    pub notify_start_at: Option<StartAt>,
 }
 
 /// What the dispatcher role needs.
@@ -91,6 +95,7 @@ impl Default for Options {
             scan_interval: Duration::from_secs(1),
             orphan_grace: Duration::from_secs(600),
             dispatch: None,
+            notify_start_at: None,
         }
     }
 }
@@ -146,6 +151,12 @@ pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
 }
 
 pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {
+    if roles.subscriptions {
+        // Before any role runs: a refusal is the operator's decision to make,
+        // not a role failure discovered later.
+        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+        notify_start::prepare(&notify, options.notify_start_at).await?;
+    }
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
@@ -188,7 +199,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
             if let Some(monitor) = &monitor {
                 publish_subscription_counters(monitor, name.as_str(), &metrics);
             }
-            tasks.spawn(subscription(name, wiring.clone(), metrics, shutdown.clone()));
+            tasks.spawn(subscription(name, wiring.clone(), metrics, options.notify_start_at, shutdown.clone()));
         }
     }
     if roles.dispatcher {
@@ -277,8 +288,14 @@ fn spawn_worker_roles(
 
 /// One subscription of the events topic; each is its own consumer group, so
 /// a slow or stopped one holds none of the others back.
-async fn subscription(name: subscriptions::Name, wiring: Wiring, metrics: Arc<Metrics>, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn subscription(
+    name: subscriptions::Name,
+    wiring: Wiring,
+    metrics: Arc<Metrics>,
+    start_at: Option<StartAt>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
-    subscriptions::run(name, &wiring.db, &sub, &ConsumerOptions::default(), &metrics, shutdown).await?;
+    subscriptions::run_from(name, &wiring.db, &sub, &ConsumerOptions::default(), &metrics, start_at, shutdown).await?;
     Ok(())
 }

@@ -11,6 +11,8 @@ use herald_store::Db;
 use herald_store::dead_letter::DeadLetter;
 use tokio_util::sync::CancellationToken;
 
+use crate::notify_start::{self, StartAt};
+
 /// A subscription on the events topic. Each is its own consumer group
 /// (`<prefix>.<name>`), inbox scope and dead-letter scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -44,7 +46,8 @@ impl Name {
     }
 }
 
-/// Runs subscription `name` until `shutdown`.
+/// Runs subscription `name` until `shutdown`. The notify subscription
+/// refuses to start from history (see [`notify_start`]).
 pub async fn run(
     name: Name,
     db: &Db,
@@ -53,12 +56,50 @@ pub async fn run(
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Snapshot> {
+    run_from(name, db, sub, options, metrics, None, shutdown).await
+}
+
+/// [`run`], with the operator's `--start-at` for a notify group that has no
+/// committed offset (ignored by the other subscriptions, which build read
+/// models and start from the earliest retained record).
+pub async fn run_from(
+    name: Name,
+    db: &Db,
+    sub: &Subscription,
+    options: &Options,
+    metrics: &Metrics,
+    start_at: Option<StartAt>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Snapshot> {
+    match name {
+        Name::Notify => notify_start::prepare(sub, start_at).await?,
+        // Best effort: without a record a generation counts as needing
+        // history from offset 0, the conservative answer.
+        Name::Search => {
+            if let Err(e) = record_search_start(db, sub).await {
+                tracing::warn!(error = %e, "could not record where the search group starts; rebuilds will assume offset 0");
+            }
+        }
+        Name::Stats => {}
+    }
     let snapshot = match name {
         Name::Search => herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, shutdown).await?,
         Name::Stats => herald_consumer::run_subscription(sub, db, &StatsHandler, options, metrics, shutdown).await?,
         Name::Notify => herald_consumer::run_subscription(sub, db, &NotifyHandler, options, metrics, shutdown).await?,
     };
     Ok(snapshot)
+}
+
+/// History completeness: where the search group has no committed offset it
+/// starts at the earliest retained record, the first one its generations
+/// need (see `herald_rebuild::history`).
+async fn record_search_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
+    for topic in &sub.topics {
+        let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
+        herald_rebuild::history::record_live_start(db, search::SUBSCRIPTION, topic, &starts).await?;
+    }
+    Ok(())
 }
 
 /// Redrives `letter` through its subscription's handler.

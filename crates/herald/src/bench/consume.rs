@@ -138,7 +138,7 @@ async fn raw_consume(brokers: &str, topic: &str, n: usize) -> anyhow::Result<f64
 /// document) with plain multi-row INSERTs — the same statement sizes as
 /// Herald's (1000 rows), `batch` events per transaction, and as many
 /// concurrent streams as Herald has lanes, so both get the same database.
-async fn raw_insert(db: &Db, events: &[OutboxEvent], tag: &str, batch: usize, lanes: usize) -> anyhow::Result<f64> {
+pub(crate) async fn raw_insert(db: &Db, events: &[OutboxEvent], tag: &str, batch: usize, lanes: usize) -> anyhow::Result<f64> {
     let docs: Vec<_> = (0..events.len()).map(|i| workload::completion(&format!("raw-{tag}"), i)).collect();
     let per_lane = events.len().div_ceil(lanes.max(1));
     let started = Instant::now();
@@ -269,14 +269,14 @@ fn round2(x: f64) -> f64 {
 
 /// A database of its own on the server, so the benchmark never writes into
 /// a real deployment's tables.
-struct ScratchDb {
+pub(crate) struct ScratchDb {
+    pub(crate) url: String,
     admin_url: String,
     name: String,
-    url: String,
 }
 
 impl ScratchDb {
-    async fn create(server: &str) -> anyhow::Result<ScratchDb> {
+    pub(crate) async fn create(server: &str) -> anyhow::Result<ScratchDb> {
         let name = format!("herald_bench_{}", uuid::Uuid::new_v4().simple());
         let mut admin = PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
         admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.context("creating the scratch database")?;
@@ -286,7 +286,7 @@ impl ScratchDb {
         Ok(ScratchDb { admin_url: server.to_owned(), name, url: url.into() })
     }
 
-    async fn drop_db(&self) {
+    pub(crate) async fn drop_db(&self) {
         if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
             let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str()).await;
             let _ = admin.close().await;

@@ -4,9 +4,12 @@
 //! - `relay`: outbox → Kafka against a raw producer and a naive relay.
 //! - [`consume`]: the search subscription against raw consume and raw
 //!   batched insert rates of the same records and rows.
+//! - [`rebuild`]: replay into a new search generation, next to the live
+//!   subscription and the raw batched insert in the same run.
 //! - [`workload`]: the records they (and tests) publish.
 
 pub mod consume;
+pub mod rebuild;
 mod relay;
 pub mod workload;
 
@@ -26,11 +29,14 @@ pub enum BenchCommand {
     Relay(relay::RelayBenchArgs),
     /// Events/s into the search projection with inbox, vs raw consume and raw insert.
     Consume(consume::ConsumeBenchArgs),
+    /// Events/s of a rebuild's replay into a new generation, vs the live subscription and raw insert.
+    Rebuild(rebuild::RebuildBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Consume(args) => consume::run(args).await,
+        BenchCommand::Rebuild(args) => rebuild::run(args).await,
     }
 }

@@ -41,6 +41,7 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
         catch_up_timeout: Duration::from_secs(60),
         dry_run: false,
         batch: DEFAULT_BATCH,
+        from_snapshot: None,
     };
     let report = herald_rebuild::rebuild::rebuild::<Search>(db, &options, &mut Quiet, &CancellationToken::new()).await?;
     let after = generations::active(db, "search").await?;

@@ -1,0 +1,237 @@
+//! `herald bench rebuild`: how fast a rebuild replays retained history into a
+//! new search generation on PostgreSQL, next to the live search
+//! subscription's rate and the raw batched insert rate, all in one run.
+//!
+//! One run: publish N completions to the in-process mock cluster; the live
+//! search subscription builds generation 1 from them (timed); `rebuild` then
+//! builds generation 2 — replay to the boundary (timed from the start of the
+//! replay phase to its end), wait for live, verify, switch — and the run
+//! checks that it switched and holds N documents; last, the same rows as
+//! plain multi-row INSERTs (timed). Topic partitions default to 32 because
+//! the mock cluster keeps at most 5 MiB per partition: fewer would let its
+//! retention drop history (the rebuild would then refuse, naming the gap).
+
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Args;
+use herald_consumer::{Metrics, Options, Subscription};
+use herald_envelope::OutboxEvent;
+use herald_kafka::{EmbeddedKafka, Topics};
+use herald_projections::search::{self, SearchHandler};
+use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
+use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild};
+use herald_store::{Db, inbox};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::consume::{ScratchDb, raw_insert};
+use super::workload;
+
+#[derive(Debug, Clone, Args)]
+pub struct RebuildBenchArgs {
+    /// Events to publish, consume live and replay.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1000..=5_000_000))]
+    pub events: u32,
+    /// PostgreSQL server URL; a scratch database is created on it and dropped.
+    #[arg(long, env = "HERALD_DATABASE_URL")]
+    pub database: Option<String>,
+    /// Partitions of the benchmark topic.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i32).range(1..=256))]
+    pub partitions: i32,
+    /// Records per replay transaction.
+    #[arg(long, default_value_t = DEFAULT_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub batch: u32,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Events/s the issue asks of a replay on a 2-core machine.
+const TARGET_EPS: f64 = 50_000.0;
+/// Events generated and published at a time (bounds the memory of the run).
+const CHUNK: usize = 100_000;
+
+struct Figures {
+    publish_eps: f64,
+    live_consume_eps: f64,
+    rebuild_eps: f64,
+    rebuild_total_secs: f64,
+    raw_insert_eps: f64,
+}
+
+pub async fn run(args: RebuildBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(url) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
+        eprintln!("error: --database (or HERALD_DATABASE_URL) must name a PostgreSQL server (postgres://…)");
+        return Ok(ExitCode::from(2));
+    };
+    let scratch = ScratchDb::create(&url).await?;
+    let result = measure(&args, &scratch.url).await;
+    scratch.drop_db().await;
+    let f = result?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&f.to_json(&args))?);
+    } else {
+        f.print(&args);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn events(topic: &str, run: &str, from: usize, to: usize) -> anyhow::Result<Vec<OutboxEvent>> {
+    (from..to)
+        .map(|i| {
+            let data = workload::completion(run, i);
+            Ok(OutboxEvent::new(topic, &data.job_id, &data, Utc::now())?)
+        })
+        .collect()
+}
+
+async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> {
+    let n = args.events as usize;
+    let db = Db::connect_and_migrate(url).await?;
+    let run = uuid::Uuid::now_v7().simple().to_string()[24..].to_owned();
+    let topics = Topics::with_prefix(&format!("bench-{run}"));
+    let kafka = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
+    let brokers = kafka.bootstrap_servers().to_owned();
+    let producer = workload::producer(&brokers)?;
+
+    let started = Instant::now();
+    for from in (0..n).step_by(CHUNK) {
+        workload::publish(&producer, &events(&topics.events, &run, from, (from + CHUNK).min(n))?).await?;
+    }
+    let publish_eps = n as f64 / started.elapsed().as_secs_f64();
+    eprintln!("published {n} events ({publish_eps:.0}/s)");
+
+    let group_prefix = format!("bench-{run}");
+    let live_consume_eps = live_consume(&db, &brokers, &topics.events, &group_prefix, n).await?;
+    eprintln!("live search subscription: {live_consume_eps:.0}/s");
+
+    let (rebuild_eps, rebuild_total_secs) = replay(&db, &brokers, &topics.events, &group_prefix, args).await?;
+    eprintln!("rebuild replay: {rebuild_eps:.0}/s");
+
+    let mut raw_secs = 0.0;
+    for from in (0..n).step_by(CHUNK) {
+        let chunk = events(&topics.events, &run, from, (from + CHUNK).min(n))?;
+        let eps = raw_insert(&db, &chunk, &format!("{run}-{from}"), 1000, 2).await?;
+        raw_secs += chunk.len() as f64 / eps;
+    }
+    let raw_insert_eps = n as f64 / raw_secs;
+    eprintln!("raw batched insert: {raw_insert_eps:.0}/s");
+    db.close().await;
+    drop(kafka);
+    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps })
+}
+
+/// The live search subscription (defaults: batches of 1000, 2 lanes) until
+/// it applied all `n` events; timed from its first commit to its last.
+async fn live_consume(db: &Db, brokers: &str, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
+    let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, brokers, &[topic]);
+    let metrics = Arc::new(Metrics::default());
+    let marks: Arc<Mutex<Option<(Instant, u64, Instant)>>> = Arc::default();
+    let done = CancellationToken::new();
+    let hook = {
+        let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
+        Arc::new(move |_batch: u64| {
+            let applied = metrics.snapshot().applied;
+            let now = Instant::now();
+            let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
+            let first = m.map_or((now, applied), |(t, a, _)| (t, a));
+            *m = Some((first.0, first.1, now));
+            if applied >= n as u64 {
+                done.cancel();
+            }
+            Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        })
+    };
+    let options = Options { after_commit: Some(hook), ..Options::default() };
+    let running = herald_consumer::run_subscription(&sub, db, &SearchHandler, &options, &metrics, done);
+    tokio::time::timeout(Duration::from_secs(3600), running).await.context("live subscription did not finish in an hour")??;
+    let applied = inbox::count(db, search::SUBSCRIPTION).await?;
+    anyhow::ensure!(applied == n as i64, "live inbox holds {applied} events, expected {n}");
+    let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
+    Ok((n as u64 - a0) as f64 / (t1 - t0).as_secs_f64())
+}
+
+/// Times the replay phase of a real rebuild (between the "replaying" and the
+/// "waiting for live" phases).
+#[derive(Default)]
+struct Clock {
+    replay_started: Option<Instant>,
+    replay_ended: Option<Instant>,
+    replayed: u64,
+}
+
+impl Progress for Clock {
+    fn phase(&mut self, message: &str) {
+        if message.contains("replaying") {
+            self.replay_started = Some(Instant::now());
+        } else if self.replay_started.is_some() && self.replay_ended.is_none() {
+            self.replay_ended = Some(Instant::now());
+        }
+    }
+
+    fn replayed(&mut self, progress: ReplayProgress) {
+        self.replayed = progress.done;
+    }
+}
+
+async fn replay(db: &Db, brokers: &str, topic: &str, group_prefix: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
+    let options = RebuildOptions {
+        brokers: brokers.to_owned(),
+        topic: topic.to_owned(),
+        live_group: format!("{group_prefix}.{}", search::SUBSCRIPTION),
+        switch: SwitchMode::Auto,
+        catch_up_timeout: Duration::from_secs(120),
+        batch: args.batch as usize,
+        ..RebuildOptions::default()
+    };
+    let mut clock = Clock::default();
+    let started = Instant::now();
+    let report = rebuild::rebuild::<Search>(db, &options, &mut clock, &CancellationToken::new()).await?;
+    let total = started.elapsed().as_secs_f64();
+    anyhow::ensure!(report.switched && report.documents == Some(i64::from(args.events)), "rebuild did not end as expected: {report:?}");
+    let (Some(t0), Some(t1)) = (clock.replay_started, clock.replay_ended) else { anyhow::bail!("replay phase not seen") };
+    Ok((clock.replayed as f64 / (t1 - t0).as_secs_f64(), total))
+}
+
+impl Figures {
+    fn to_json(&self, args: &RebuildBenchArgs) -> serde_json::Value {
+        json!({
+            "events": args.events, "partitions": args.partitions, "batch": args.batch,
+            "rebuild_eps": self.rebuild_eps.round(),
+            "live_consume_eps": self.live_consume_eps.round(),
+            "raw_insert_eps": self.raw_insert_eps.round(),
+            "publish_eps": self.publish_eps.round(),
+            "rebuild_total_secs": (self.rebuild_total_secs * 10.0).round() / 10.0,
+            "rebuild_vs_live": round2(self.rebuild_eps / self.live_consume_eps),
+            "rebuild_vs_raw_insert": round2(self.rebuild_eps / self.raw_insert_eps),
+            "target_eps": TARGET_EPS,
+            "meets_target": self.rebuild_eps >= TARGET_EPS,
+        })
+    }
+
+    fn print(&self, args: &RebuildBenchArgs) {
+        println!(
+            "herald bench rebuild — {} events, PostgreSQL + in-process Kafka ({} partitions), replay batches of {}\n",
+            args.events, args.partitions, args.batch
+        );
+        println!("  {:<72} {:>10} {:>12}", "measurement", "events/s", "÷ raw insert");
+        let row = |name: &str, eps: f64| println!("  {:<72} {:>10.0} {:>12.2}", name, eps, eps / self.raw_insert_eps);
+        row("raw batched insert: inbox row + document per event", self.raw_insert_eps);
+        row("live search subscription: decode, inbox, document, offsets", self.live_consume_eps);
+        row("rebuild replay: read, decode, inbox (search@g2), document, positions", self.rebuild_eps);
+        println!(
+            "\n  target ≥ {TARGET_EPS:.0} events/s: {}   (whole rebuild incl. verify and switch: {:.1} s; publish: {:.0} events/s)",
+            if self.rebuild_eps >= TARGET_EPS { "met" } else { "NOT met" },
+            self.rebuild_total_secs,
+            self.publish_eps
+        );
+    }
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}

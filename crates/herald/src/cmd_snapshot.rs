@@ -1,0 +1,68 @@
+//! `herald snapshot search --out FILE`: the active search generation's
+//! documents with the positions they are consistent with, checksummed — what
+//! `herald rebuild search --from-snapshot FILE` starts from when retention
+//! removed older history.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use herald_kafka::Topics;
+use herald_rebuild::{RebuildError, Search, snapshot};
+use herald_store::Db;
+
+#[derive(Debug, Clone, Args)]
+pub struct SnapshotArgs {
+    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
+    pub database: Option<String>,
+    #[arg(long, env = "HERALD_KAFKA_BROKERS", global = true)]
+    pub kafka: Option<String>,
+    #[arg(long, env = "HERALD_TOPIC_PREFIX", global = true)]
+    pub topic_prefix: Option<String>,
+    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald", global = true)]
+    pub group_prefix: String,
+    #[command(subcommand)]
+    pub command: SnapshotCommand,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum SnapshotCommand {
+    /// Export the active search generation (documents and tombstones).
+    Search {
+        /// File to write (replaced only once complete).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+    },
+}
+
+pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
+    let (Some(url), Some(brokers)) = (&args.database, &args.kafka) else {
+        eprintln!("error: --database and --kafka (or HERALD_DATABASE_URL, HERALD_KAFKA_BROKERS) are required: a snapshot pairs documents with the live group's positions");
+        return Ok(ExitCode::from(2));
+    };
+    let SnapshotCommand::Search { out } = &args.command;
+    let db = Db::connect_and_migrate(url).await?;
+    let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+    let group = format!("{}.search", args.group_prefix);
+    let taken = match snapshot::take::<Search>(&db, brokers, &group, &topics.events).await {
+        Ok(taken) => taken,
+        Err(e @ RebuildError::Snapshot(_)) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // Written aside then renamed: a crash never leaves a half file under the name.
+    let partial = out.with_extension("partial");
+    tokio::fs::write(&partial, taken.encode()?).await?;
+    tokio::fs::rename(&partial, out).await?;
+    let positions: Vec<String> = taken.positions.iter().map(|p| format!("{}:{}", p.partition, p.next_offset)).collect();
+    println!(
+        "snapshot of search generation {}: {} row(s) at positions {} written to {}",
+        taken.generation,
+        taken.documents.len(),
+        positions.join(","),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
