@@ -177,19 +177,41 @@ pub async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[Fact]) -> Result<(
 /// is a row like any other, so the same guard keeps an older document from
 /// replacing it. Applying the same row twice changes nothing, which is what
 /// lets a replay and live traffic both write a generation being rebuilt.
+///
+/// Most batches only add documents, and a plain `INSERT` costs PostgreSQL
+/// far less than `ON CONFLICT … DO UPDATE`: so the rows are first inserted
+/// plainly behind a savepoint, and only when one of the jobs already has a
+/// row is the savepoint rolled back and the batch upserted under the guard.
 pub async fn upsert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow]) -> Result<(), StoreError> {
+    sqlx::query("SAVEPOINT search_write").execute(&mut **tx).await?;
+    match insert_rows(tx, generation, rows, false).await {
+        Ok(()) => return Ok(()),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            sqlx::query("ROLLBACK TO SAVEPOINT search_write").execute(&mut **tx).await?;
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok(insert_rows(tx, generation, rows, true).await?)
+}
+
+/// `upsert`: replace older versions instead of failing on an existing row.
+async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    let guard = if upsert {
+        " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
+         format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
+         size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
+         version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
+         WHERE search_documents.version < excluded.version"
+    } else {
+        ""
+    };
     // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
     for chunk in herald_store::outbox::statement_chunks(rows) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
         let sql = format!(
             "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
-             size_bytes, completed_at_ms, version, deleted_at_ms) VALUES {} \
-             ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
-             format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
-             size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
-             version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
-             WHERE search_documents.version < excluded.version",
+             size_bytes, completed_at_ms, version, deleted_at_ms) VALUES {}{guard}",
             values.join(", ")
         );
         let mut query = sqlx::query(&sql);
