@@ -25,8 +25,10 @@ pub enum SwitchArg {
     Manual,
 }
 
+/// Where a projection's database and history are; shared by `herald rebuild`
+/// and `herald snapshot`, which must agree on them.
 #[derive(Debug, Clone, Args)]
-pub struct RebuildArgs {
+pub struct ProjectionBackends {
     #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
     pub database: Option<String>,
     #[arg(long, env = "HERALD_KAFKA_BROKERS", global = true)]
@@ -35,6 +37,12 @@ pub struct RebuildArgs {
     pub topic_prefix: Option<String>,
     #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald", global = true)]
     pub group_prefix: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RebuildArgs {
+    #[command(flatten)]
+    pub on: ProjectionBackends,
     #[command(subcommand)]
     pub command: RebuildCommand,
 }
@@ -74,7 +82,7 @@ pub enum RebuildCommand {
 }
 
 pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = &args.database else {
+    let Some(url) = &args.on.database else {
         eprintln!("error: --database (or HERALD_DATABASE_URL) is required");
         return Ok(ExitCode::from(2));
     };
@@ -102,15 +110,15 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
             Err(e) => Err(e.into()),
         },
         RebuildCommand::Search { switch, dry_run, batch, lag_threshold, catch_up_timeout, from_snapshot } => {
-            let Some(brokers) = &args.kafka else {
+            let Some(brokers) = &args.on.kafka else {
                 eprintln!("error: --kafka (or HERALD_KAFKA_BROKERS) is required: a rebuild replays the broker's history");
                 return Ok(ExitCode::from(2));
             };
-            let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+            let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
             let options = RebuildOptions {
                 brokers: brokers.clone(),
                 topic: topics.events,
-                live_group: format!("{}.search", args.group_prefix),
+                live_group: format!("{}.search", args.on.group_prefix),
                 switch: match switch {
                     SwitchArg::Auto => SwitchMode::Auto,
                     SwitchArg::Manual => SwitchMode::Manual,

@@ -11,16 +11,12 @@ use herald_kafka::Topics;
 use herald_rebuild::{RebuildError, Search, snapshot};
 use herald_store::Db;
 
+use crate::cmd_rebuild::ProjectionBackends;
+
 #[derive(Debug, Clone, Args)]
 pub struct SnapshotArgs {
-    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
-    pub database: Option<String>,
-    #[arg(long, env = "HERALD_KAFKA_BROKERS", global = true)]
-    pub kafka: Option<String>,
-    #[arg(long, env = "HERALD_TOPIC_PREFIX", global = true)]
-    pub topic_prefix: Option<String>,
-    #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald", global = true)]
-    pub group_prefix: String,
+    #[command(flatten)]
+    pub on: ProjectionBackends,
     #[command(subcommand)]
     pub command: SnapshotCommand,
 }
@@ -36,14 +32,14 @@ pub enum SnapshotCommand {
 }
 
 pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
-    let (Some(url), Some(brokers)) = (&args.database, &args.kafka) else {
+    let (Some(url), Some(brokers)) = (&args.on.database, &args.on.kafka) else {
         eprintln!("error: --database and --kafka (or HERALD_DATABASE_URL, HERALD_KAFKA_BROKERS) are required: a snapshot pairs documents with the live group's positions");
         return Ok(ExitCode::from(2));
     };
     let SnapshotCommand::Search { out } = &args.command;
     let db = Db::connect_and_migrate(url).await?;
-    let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-    let group = format!("{}.search", args.group_prefix);
+    let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+    let group = format!("{}.search", args.on.group_prefix);
     let taken = match snapshot::take::<Search>(&db, brokers, &group, &topics.events).await {
         Ok(taken) => taken,
         Err(e @ RebuildError::Snapshot(_)) => {
