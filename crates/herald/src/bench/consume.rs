@@ -183,8 +183,31 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
 /// The search subscription itself on a fresh group, until its inbox holds
 /// `total` events (this round's and the earlier rounds').
 async fn herald_consume(db: &Db, brokers: &str, topic: &str, total: usize, args: &ConsumeBenchArgs) -> anyhow::Result<f64> {
-    let n = args.events as usize;
     let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), brokers, &[topic]);
+    let options = Options {
+        max_batch: args.batch as usize,
+        lanes: args.lanes as usize,
+        batches_per_poll: args.batches_per_poll as usize,
+        ..Options::default()
+    };
+    let eps = timed_search_subscription(db, &sub, options, args.events as usize, Duration::from_secs(600)).await?;
+    let applied = inbox::count(db, search::SUBSCRIPTION).await?;
+    anyhow::ensure!(applied == total as i64, "inbox holds {applied} events, expected {total}");
+    let docs = search::count_active(db).await?;
+    anyhow::ensure!(docs == total as i64, "search holds {docs} documents, expected {total}");
+    Ok(eps)
+}
+
+/// Runs the search subscription `sub` until it applied `n` events and
+/// returns its rate, timed from its first commit to its last so that the
+/// consumer-group join is not counted.
+pub(super) async fn timed_search_subscription(
+    db: &Db,
+    sub: &Subscription,
+    options: Options,
+    n: usize,
+    limit: Duration,
+) -> anyhow::Result<f64> {
     let metrics = Arc::new(Metrics::default());
     // (time, events applied) at the first commit, and time of the last.
     let marks: Arc<Mutex<Option<(Instant, u64, Instant)>>> = Arc::default();
@@ -203,27 +226,11 @@ async fn herald_consume(db: &Db, brokers: &str, topic: &str, total: usize, args:
             Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         })
     };
-    let options =
-        Options {
-        max_batch: args.batch as usize,
-        lanes: args.lanes as usize,
-        batches_per_poll: args.batches_per_poll as usize,
-        after_commit: Some(hook),
-        ..Options::default()
-    };
-    let runner = herald_consume_until(db, &sub, &options, &metrics, done.clone());
-    tokio::time::timeout(Duration::from_secs(600), runner).await.context("search subscription did not finish in 10 min")??;
-    let applied = inbox::count(db, search::SUBSCRIPTION).await?;
-    anyhow::ensure!(applied == total as i64, "inbox holds {applied} events, expected {total}");
-    let docs = search::count_active(db).await?;
-    anyhow::ensure!(docs == total as i64, "search holds {docs} documents, expected {total}");
+    let options = Options { after_commit: Some(hook), ..options };
+    let running = herald_consumer::run_subscription(sub, db, &SearchHandler, &options, &metrics, done);
+    tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;
     let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
-    Ok((n as u64 - a0) as f64 / (t1 - t0).as_secs_f64())
-}
-
-async fn herald_consume_until(db: &Db, sub: &Subscription, options: &Options, metrics: &Metrics, done: CancellationToken) -> anyhow::Result<()> {
-    herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, done).await?;
-    Ok(())
+    Ok((n as u64).saturating_sub(a0) as f64 / (t1 - t0).as_secs_f64())
 }
 
 impl Rates {

@@ -12,23 +12,21 @@
 //! retention drop history (the rebuild would then refuse, naming the gap).
 
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use chrono::Utc;
 use clap::Args;
-use herald_consumer::{Metrics, Options, Subscription};
+use herald_consumer::{Options, Subscription};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, Topics};
-use herald_projections::search::{self, SearchHandler};
+use herald_projections::search;
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild};
 use herald_store::{Db, inbox};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::consume::{ScratchDb, raw_insert};
+use super::consume::{ScratchDb, raw_insert, timed_search_subscription};
 use super::workload;
 
 #[derive(Debug, Clone, Args)]
@@ -129,30 +127,10 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
 /// it applied all `n` events; timed from its first commit to its last.
 async fn live_consume(db: &Db, brokers: &str, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
     let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, brokers, &[topic]);
-    let metrics = Arc::new(Metrics::default());
-    let marks: Arc<Mutex<Option<(Instant, u64, Instant)>>> = Arc::default();
-    let done = CancellationToken::new();
-    let hook = {
-        let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
-        Arc::new(move |_batch: u64| {
-            let applied = metrics.snapshot().applied;
-            let now = Instant::now();
-            let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
-            let first = m.map_or((now, applied), |(t, a, _)| (t, a));
-            *m = Some((first.0, first.1, now));
-            if applied >= n as u64 {
-                done.cancel();
-            }
-            Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        })
-    };
-    let options = Options { after_commit: Some(hook), ..Options::default() };
-    let running = herald_consumer::run_subscription(&sub, db, &SearchHandler, &options, &metrics, done);
-    tokio::time::timeout(Duration::from_secs(3600), running).await.context("live subscription did not finish in an hour")??;
+    let eps = timed_search_subscription(db, &sub, Options::default(), n, Duration::from_secs(3600)).await?;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
     anyhow::ensure!(applied == n as i64, "live inbox holds {applied} events, expected {n}");
-    let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
-    Ok((n as u64 - a0) as f64 / (t1 - t0).as_secs_f64())
+    Ok(eps)
 }
 
 /// Times the replay phase of a real rebuild (between the "replaying" and the
