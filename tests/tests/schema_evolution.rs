@@ -74,7 +74,7 @@ async fn read(brokers: &str, topic: &str, n: usize) -> anyhow::Result<Vec<Decode
 async fn v1_reader_reads_v2_data_and_v2_reader_reads_v1_data_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("evo"));
-    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], 1).await?;
+    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(1)).await?;
     let (old, new) = (completed("job-old"), completed("job-new"));
     // An old producer writes v1, a new one v2, onto the same topic.
     let events = vec![
@@ -139,7 +139,7 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("evo"));
-    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], 2).await?;
+    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(2)).await?;
     // The unknown-schema record first, then a known one in the same
     // partition: the subscription must move past the first to apply the second.
     let future = completed("job-future");

@@ -68,7 +68,7 @@ async fn bed(database: Database, broker: Broker) -> anyhow::Result<Bed> {
         }
         Broker::Real => {
             let brokers = herald_testkit::real_broker()?;
-            herald_kafka::ensure_topics(&brokers, &topics.all(), PARTITIONS).await?;
+            herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
             (brokers, None)
         }
     };

@@ -14,7 +14,7 @@ mod topics;
 
 pub use config::{consumer_config, producer_config};
 pub use embedded::EmbeddedKafka;
-pub use topics::{TopicError, ensure_topics};
+pub use topics::{Replication, TopicError, TopicSettings, ensure_topics};
 
 /// Topic of commands for export workers.
 pub const TOPIC_COMMANDS: &str = "export.commands";

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::message::Message;
 use rdkafka::error::KafkaError;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -99,53 +98,15 @@ pub async fn offsets_for_time(brokers: &str, topic: &str, partitions: &[Partitio
             tpl.add_partition_offset(&topic, p.partition, Offset::Offset(time_ms))?;
         }
         let found = client.offsets_for_times(tpl, TIMEOUT)?;
-        let answers: Vec<(i32, i64)> = partitions
+        // "No record that recent" comes back as the end offset (-1).
+        Ok(partitions
             .iter()
             .map(|p| match found.find_partition(&topic, p.partition).map(|e| e.offset()) {
                 Some(Offset::Offset(n)) if n >= 0 && n < p.high => (p.partition, n),
                 _ => (p.partition, p.high),
             })
-            .collect();
-        let high: std::collections::HashMap<i32, i64> = partitions.iter().map(|p| (p.partition, p.high)).collect();
-        confirm(&brokers, &topic, &answers, &high, time_ms)
+            .collect())
     })
     .await
 }
 
-/// Checks that the record at each answered offset really is at or after
-/// `time_ms` (it is by definition on a conforming broker); where it is not,
-/// the broker meant "no such record" — tansu 0.6 answers offset 0 instead of
-/// -1 — and the partition starts at its high watermark.
-fn confirm(brokers: &str, topic: &str, answers: &[(i32, i64)], high: &std::collections::HashMap<i32, i64>, time_ms: i64) -> Result<Vec<(i32, i64)>, KafkaError> {
-    let to_check: Vec<(i32, i64)> = answers.iter().copied().filter(|(p, n)| *n < high[p]).collect();
-    if to_check.is_empty() {
-        return Ok(answers.to_vec());
-    }
-    let client = client(brokers, "herald.offsets-for-time")?;
-    let mut tpl = TopicPartitionList::new();
-    for (p, n) in &to_check {
-        tpl.add_partition_offset(topic, *p, Offset::Offset(*n))?;
-    }
-    client.assign(&tpl)?;
-    let mut seen: std::collections::HashMap<i32, Option<i64>> = std::collections::HashMap::new();
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while seen.len() < to_check.len() && std::time::Instant::now() < deadline {
-        let Some(msg) = client.poll(Duration::from_millis(200)) else { continue };
-        let msg = msg?;
-        let wanted = to_check.iter().any(|(p, n)| *p == msg.partition() && *n == msg.offset());
-        if wanted {
-            seen.insert(msg.partition(), msg.timestamp().to_millis());
-        }
-    }
-    Ok(answers
-        .iter()
-        .map(|&(p, n)| match seen.get(&p) {
-            Some(Some(ts)) if *ts < time_ms => (p, high[&p]),
-            None if n < high[&p] => {
-                tracing::warn!(topic, partition = p, offset = n, "could not confirm the start offset's time; using it");
-                (p, n)
-            }
-            _ => (p, n),
-        })
-        .collect())
-}

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::durability::TopicDurability;
+
 /// One look at the whole system.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -140,6 +142,9 @@ pub struct KafkaFigures {
     /// how many records were ever appended, so its growth is events/s.
     pub end_offsets: BTreeMap<String, i64>,
     pub groups: Vec<GroupLag>,
+    /// Replication, settings and their risks, per topic (`durability`).
+    #[serde(default)]
+    pub topics: Vec<TopicDurability>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -249,7 +254,7 @@ mod tests {
     #[test]
     fn events_per_second_is_the_growth_of_the_end_offsets() {
         let mut status = Status { at_ms: 3_000, ..Status::default() };
-        status.kafka = Some(KafkaFigures { end_offsets: [("a".into(), 30), ("b".into(), 10)].into(), groups: vec![] });
+        status.kafka = Some(KafkaFigures { end_offsets: [("a".into(), 30), ("b".into(), 10)].into(), groups: vec![], topics: vec![] });
         assert_eq!(Sample::of(&status, Some((1_000, 20))).events_per_sec, Some(10.0));
         assert_eq!(Sample::of(&status, None).events_per_sec, None);
     }

@@ -10,10 +10,14 @@
 //! - [`figures`]: the figures as plain data, and the percentile rule (no IO).
 //! - [`queries`]: the database side (sqlx, one SQL path for PostgreSQL and SQLite).
 //! - [`lag`]: the broker side (rdkafka): end offsets minus committed offsets.
+//! - [`durability`]: each topic's replication and settings, and the rule
+//!   naming the settings that can lose acknowledged events (no IO);
+//!   `topics` reads them from the broker (metadata, DescribeConfigs).
 //! - [`text`]: the human table.
 //! - [`monitor`]: a refresh loop for long-running processes, with a ring
 //!   buffer of recent samples and the Prometheus registry.
 
+pub mod durability;
 mod error;
 pub mod figures;
 pub mod lag;
@@ -21,8 +25,10 @@ pub mod monitor;
 mod prometheus;
 pub mod queries;
 pub mod text;
+mod topics;
 
 pub use error::StatusError;
+pub use durability::{Risk, TopicDurability};
 pub use figures::{Sample, Status};
 pub use lag::KafkaProbe;
 pub use monitor::{Monitor, MonitorConfig};
@@ -45,7 +51,7 @@ pub async fn collect(db: &herald_store::Db, probe: Option<&KafkaProbe>, subscrip
     match kafka {
         Some(Ok(kafka)) => status.apply_kafka(kafka),
         Some(Err(e)) => status.kafka_error = Some(e.to_string()),
-        None => status.kafka_error = Some("no broker given (--kafka or HERALD_KAFKA_BROKERS): lag not measured".into()),
+        None => status.kafka_error = Some("no broker given (--kafka or HERALD_KAFKA_BROKERS): lag and topic durability not measured".into()),
     }
     Ok(status)
 }

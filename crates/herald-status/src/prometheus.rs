@@ -9,6 +9,7 @@ use metrics::{counter, gauge, histogram, with_local_recorder};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
 
 use crate::StatusError;
+use crate::durability::TopicDurability;
 use crate::figures::Status;
 
 pub(crate) const LATENCY_HISTOGRAM: &str = "herald_export_latency_seconds";
@@ -91,6 +92,7 @@ fn record_status(s: &Status) {
         for (topic, end) in &kafka.end_offsets {
             counter!("herald_kafka_records_total", "topic" => topic.clone()).absolute((*end).max(0) as u64);
         }
+        kafka.topics.iter().for_each(record_topic);
     }
     let intents = &s.notifications.by_status;
     for status in INTENT_STATUSES.iter().copied().chain(intents.keys().map(String::as_str)) {
@@ -113,6 +115,34 @@ fn record_status(s: &Status) {
             gauge!("herald_projection_active_generation", "projection" => g.projection.clone()).set(g.generation as f64);
         }
     }
+}
+
+/// A topic's gauge, left out when the figure is unknown: an absent series
+/// is not a made-up value.
+fn topic_gauge(name: &'static str, topic: &str, value: Option<f64>) {
+    if let Some(v) = value {
+        gauge!(name, "topic" => topic.to_owned()).set(v);
+    }
+}
+
+/// Replication and settings of one topic. Retention is in seconds as
+/// Prometheus wants base units; `-1` (kept for ever) stays `-1`, as Kafka
+/// says it. `herald_topic_durability_risks` counts the settings that can
+/// lose acknowledged events (the reasons are in `herald status`).
+fn record_topic(t: &TopicDurability) {
+    let topic = t.topic.as_str();
+    let retention = t.retention_ms.map(|ms| if ms < 0 { -1.0 } else { secs(ms) });
+    let known = t.settings_error.is_none();
+    topic_gauge("herald_topic_partitions", topic, Some(t.partitions as f64));
+    topic_gauge("herald_topic_replication_factor", topic, t.replication_factor.map(f64::from));
+    topic_gauge("herald_topic_min_insync_replicas", topic, t.min_insync_replicas.map(f64::from));
+    topic_gauge("herald_topic_retention_seconds", topic, retention);
+    topic_gauge("herald_topic_retention_bytes", topic, t.retention_bytes.map(|b| b as f64));
+    topic_gauge("herald_topic_unclean_leader_election", topic, t.unclean_leader_election_enable.map(|u| f64::from(u8::from(u))));
+    topic_gauge("herald_topic_under_replicated_partitions", topic, Some(t.under_replicated_partitions as f64));
+    topic_gauge("herald_topic_leaderless_partitions", topic, Some(t.leaderless_partitions as f64));
+    topic_gauge("herald_topic_settings_known", topic, Some(f64::from(u8::from(known))));
+    topic_gauge("herald_topic_durability_risks", topic, Some(t.risks.len() as f64));
 }
 
 #[cfg(test)]
@@ -151,6 +181,44 @@ mod tests {
         }
         // Unknown lag is absent, not a made-up zero.
         assert!(!text.contains("herald_subscription_lag{subscription=\"stats\"}"), "{text}");
+        Ok(())
+    }
+
+    #[test]
+    fn topics_render_their_durability_and_unknown_settings_are_absent() -> Result<(), StatusError> {
+        use crate::durability::{PartitionReplicas, TopicConfigs};
+        use crate::figures::KafkaFigures;
+        let registry = Registry::new()?;
+        let p = |replicas, in_sync, leader| PartitionReplicas { replicas, in_sync, leader };
+        let configs = TopicConfigs { min_insync_replicas: Some(1), retention_ms: Some(-1), retention_bytes: Some(4096), unclean_leader_election_enable: Some(true) };
+        let s = Status {
+            kafka: Some(KafkaFigures {
+                topics: vec![
+                    TopicDurability::of("events", &[p(3, 2, Some(1)), p(3, 3, None)], Ok(configs)),
+                    TopicDurability::of("commands", &[p(1, 1, Some(0))], Err("unsupported".into())),
+                ],
+                ..KafkaFigures::default()
+            }),
+            ..Status::default()
+        };
+        registry.record(&s, &[], &[]);
+        let text = registry.render();
+        for line in [
+            "herald_topic_replication_factor{topic=\"events\"} 3",
+            "herald_topic_min_insync_replicas{topic=\"events\"} 1",
+            "herald_topic_retention_seconds{topic=\"events\"} -1",
+            "herald_topic_retention_bytes{topic=\"events\"} 4096",
+            "herald_topic_unclean_leader_election{topic=\"events\"} 1",
+            "herald_topic_under_replicated_partitions{topic=\"events\"} 1",
+            "herald_topic_leaderless_partitions{topic=\"events\"} 1",
+            "herald_topic_durability_risks{topic=\"events\"} 2",
+            "herald_topic_replication_factor{topic=\"commands\"} 1",
+            "herald_topic_settings_known{topic=\"commands\"} 0",
+            "herald_topic_durability_risks{topic=\"commands\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing `{line}` in:\n{text}");
+        }
+        assert!(!text.contains("herald_topic_min_insync_replicas{topic=\"commands\"}"), "{text}");
         Ok(())
     }
 }

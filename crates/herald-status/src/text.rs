@@ -3,6 +3,7 @@
 
 use std::fmt::Write;
 
+use crate::durability::TopicDurability;
 use crate::figures::Status;
 
 /// Milliseconds as a short duration: `850ms`, `12.3s`, `4m05s`, `2h10m`.
@@ -51,6 +52,7 @@ pub fn render(s: &Status) -> String {
     if let Some(e) = &s.kafka_error {
         let _ = writeln!(out, "  lag unknown: {e}");
     }
+    topics(&mut out, s);
     let _ = writeln!(out, "\nNOTIFICATION INTENTS");
     if s.notifications.by_status.is_empty() {
         let _ = writeln!(out, "  none");
@@ -82,6 +84,66 @@ pub fn render(s: &Status) -> String {
     out
 }
 
+fn known<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "?".into(), |v| v.to_string())
+}
+
+/// Kafka's retention: `-1` keeps for ever; whole days read as days.
+fn retention(ms: Option<i64>, bytes: Option<i64>) -> String {
+    let time = match ms {
+        None => "?".to_owned(),
+        Some(ms) if ms < 0 => "forever".to_owned(),
+        Some(ms) if ms > 0 && ms % 86_400_000 == 0 => format!("{}d", ms / 86_400_000),
+        Some(ms) => duration(ms),
+    };
+    bytes.map_or(time.clone(), |b| format!("{time}, {b}B"))
+}
+
+/// Each of Herald's topics: replication, settings, and what can lose
+/// acknowledged events (`!!`), then current degradations.
+fn topics(out: &mut String, s: &Status) {
+    let _ = writeln!(out, "\nTOPICS");
+    let Some(kafka) = &s.kafka else {
+        let _ = writeln!(out, "  durability unknown: the broker was not asked or did not answer");
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "  {:<36} {:>5} {:>8} {:>10} {:<16} {:>7} {:>16} {:>10}",
+        "topic", "parts", "replicas", "min.insync", "retention", "unclean", "under-replicated", "leaderless"
+    );
+    for t in &kafka.topics {
+        let _ = writeln!(
+            out,
+            "  {:<36} {:>5} {:>8} {:>10} {:<16} {:>7} {:>16} {:>10}",
+            t.topic,
+            t.partitions,
+            known(t.replication_factor),
+            known(t.min_insync_replicas),
+            retention(t.retention_ms, t.retention_bytes),
+            known(t.unclean_leader_election_enable),
+            t.under_replicated_partitions,
+            t.leaderless_partitions
+        );
+    }
+    kafka.topics.iter().for_each(|t| topic_notes(out, t));
+}
+
+fn topic_notes(out: &mut String, t: &TopicDurability) {
+    for r in &t.risks {
+        let _ = writeln!(out, "  !! {}: {} {}: {}", t.topic, r.setting, r.value, r.reason);
+    }
+    if t.under_replicated_partitions > 0 {
+        let _ = writeln!(out, "  !! {}: under-replicated partitions {}: fewer in-sync replicas than replicas, a broker is down or behind", t.topic, t.under_replicated_partitions);
+    }
+    if t.leaderless_partitions > 0 {
+        let _ = writeln!(out, "  !! {}: partitions without a leader {}: writes to them fail", t.topic, t.leaderless_partitions);
+    }
+    if let Some(e) = &t.settings_error {
+        let _ = writeln!(out, "  {}: settings unknown ({e})", t.topic);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +166,44 @@ mod tests {
         assert!(line.contains("!!") && line.contains('2'), "{text}");
         s.notifications.by_status.insert("unknown".into(), 0);
         assert!(!render(&s).contains("outcome unknown"));
+    }
+
+    #[test]
+    fn topics_show_settings_risks_and_degradations() {
+        use crate::durability::{PartitionReplicas, TopicConfigs};
+        use crate::figures::KafkaFigures;
+        let p = |replicas, in_sync, leader| PartitionReplicas { replicas, in_sync, leader };
+        let safe = TopicConfigs { min_insync_replicas: Some(2), retention_ms: Some(604_800_000), unclean_leader_election_enable: Some(false), ..TopicConfigs::default() };
+        let s = Status {
+            kafka: Some(KafkaFigures {
+                topics: vec![
+                    TopicDurability::of("export.commands", &[p(3, 3, Some(1)), p(3, 2, Some(2))], Ok(safe)),
+                    TopicDurability::of("export.events", &[p(1, 1, None)], Err("describe configs: unsupported".into())),
+                ],
+                ..KafkaFigures::default()
+            }),
+            ..Status::default()
+        };
+        let text = render(&s);
+        let row = |name: &str| text.lines().find(|l| l.trim_start().starts_with(name) && !l.contains(':')).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+        assert_eq!(row("export.commands"), ["export.commands", "2", "3", "2", "7d", "false", "1", "0"], "{text}");
+        assert_eq!(row("export.events"), ["export.events", "1", "1", "?", "?", "?", "0", "1"], "{text}");
+        for note in [
+            "!! export.events: replication.factor 1: a broker's disk loss can lose acknowledged events",
+            "!! export.commands: under-replicated partitions 1",
+            "!! export.events: partitions without a leader 1",
+            "export.events: settings unknown (describe configs: unsupported)",
+        ] {
+            assert!(text.contains(note), "missing `{note}`:\n{text}");
+        }
+        assert!(!text.contains("!! export.commands: replication"), "{text}");
+    }
+
+    #[test]
+    fn retention_reads_as_days_forever_or_unknown() {
+        assert_eq!(retention(Some(604_800_000), None), "7d");
+        assert_eq!(retention(Some(-1), Some(1_000)), "forever, 1000B");
+        assert_eq!(retention(Some(90_000), None), "1m30s");
+        assert_eq!(retention(None, None), "?");
     }
 }

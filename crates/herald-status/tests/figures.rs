@@ -1,12 +1,13 @@
 //! The status figures against real databases (PostgreSQL and SQLite, rows
 //! seeded with known times, so every figure has one right value) and the
 //! lag against the real broker (records produced and offsets committed by
-//! hand, so the lag of each group is known).
+//! hand, so the lag of each group is known), and the topics' durability
+//! figures against topics created with known settings.
 
 use std::time::Duration;
 
-use herald_kafka::Topics;
-use herald_status::{KafkaProbe, queries};
+use herald_kafka::{TopicSettings, Topics};
+use herald_status::{KafkaProbe, Monitor, MonitorConfig, TopicDurability, queries};
 use herald_store::Db;
 use herald_testkit::TestDb;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -156,7 +157,7 @@ async fn figures_match_the_rows_on_sqlite() -> anyhow::Result<()> {
 async fn lag_is_end_minus_committed_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("status"));
-    herald_kafka::ensure_topics(&brokers, &topics.all(), 2).await?;
+    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
     let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
     for (topic, partition, n) in [(&topics.events, 0, 5), (&topics.events, 1, 3), (&topics.commands, 0, 2)] {
         for i in 0..n {
@@ -206,5 +207,96 @@ async fn an_unreachable_broker_leaves_lag_unknown_and_says_why() -> anyhow::Resu
     assert!(status.kafka.is_none() && status.subscriptions.iter().all(|s| s.lag.is_none()));
     assert!(status.kafka_error.as_deref().is_some_and(|e| e.starts_with("kafka")), "{:?}", status.kafka_error);
     assert_eq!(status.jobs.by_status.get("succeeded"), Some(&10));
+    Ok(())
+}
+
+/// The probe's figures once every partition of Herald's topics has a leader:
+/// a topic just created may briefly be unknown to a broker or leaderless.
+async fn settled_topics(probe: &KafkaProbe) -> anyhow::Result<Vec<TopicDurability>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let last = probe.collect().await;
+        match &last {
+            Ok(k) if k.topics.iter().all(|t| t.partitions > 0 && t.leaderless_partitions == 0 && t.under_replicated_partitions == 0) => {
+                return Ok(k.topics.clone());
+            }
+            _ if std::time::Instant::now() > deadline => anyhow::bail!("topics never settled: {last:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+async fn probe_of(settings: TopicSettings) -> anyhow::Result<(Topics, KafkaProbe)> {
+    let brokers = herald_testkit::real_broker()?;
+    let topics = Topics::with_prefix(&herald_testkit::unique("durability"));
+    herald_kafka::ensure_topics(&brokers, &topics.all(), settings).await?;
+    let probe = KafkaProbe::new(&brokers, &topics, &herald_testkit::unique("herald"), &SUBSCRIPTIONS, Duration::from_secs(30))?;
+    Ok((topics, probe))
+}
+
+/// Three replicas, two in sync, clean elections: each topic shows its
+/// settings as the real cluster reports them, and no risk.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_two_in_sync_show_no_durability_risk() -> anyhow::Result<()> {
+    let (topics, probe) = probe_of(TopicSettings { partitions: 2, replication_factor: Some(3), min_insync_replicas: Some(2) }).await?;
+    let figures = settled_topics(&probe).await?;
+    assert_eq!(figures.iter().map(|t| t.topic.as_str()).collect::<Vec<_>>(), topics.all());
+    for t in &figures {
+        assert_eq!((t.partitions, t.replication_factor, t.min_insync_replicas), (2, Some(3), Some(2)), "{t:?}");
+        assert_eq!((t.unclean_leader_election_enable, t.settings_error.as_deref()), (Some(false), None), "{t:?}");
+        assert!(t.retention_ms.is_some_and(|ms| ms == -1 || ms > 0), "{t:?}");
+        assert!(t.risks.is_empty(), "{t:?}");
+    }
+    Ok(())
+}
+
+/// One replica: flagged with both reasons in the figures, the table and
+/// `/metrics` (through the monitor, as `herald serve` runs it).
+#[tokio::test(flavor = "multi_thread")]
+async fn one_replica_is_flagged_with_its_reasons() -> anyhow::Result<()> {
+    let (topics, probe) = probe_of(TopicSettings { partitions: 1, replication_factor: Some(1), min_insync_replicas: Some(1) }).await?;
+    let figures = settled_topics(&probe).await?;
+    for t in &figures {
+        assert_eq!((t.replication_factor, t.min_insync_replicas), (Some(1), Some(1)), "{t:?}");
+        let reasons: Vec<(&str, &str)> = t.risks.iter().map(|r| (r.setting.as_str(), r.reason.as_str())).collect();
+        assert_eq!(
+            reasons,
+            [("replication.factor", "a broker's disk loss can lose acknowledged events"), ("min.insync.replicas", "an acks=all write is acknowledged by one replica")]
+        );
+    }
+
+    let test_db = herald_testkit::sqlite_db()?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let status = herald_status::collect(&db, Some(&probe), &SUBSCRIPTIONS).await?;
+    let table = herald_status::text::render(&status);
+    let flag = format!("!! {}: replication.factor 1: a broker's disk loss can lose acknowledged events", topics.events);
+    assert!(table.contains(&flag), "missing `{flag}`:\n{table}");
+
+    let monitor = Monitor::new(db, Some(probe), MonitorConfig::new(&SUBSCRIPTIONS))?;
+    monitor.refresh().await?;
+    let metrics = monitor.prometheus();
+    for line in [format!("herald_topic_replication_factor{{topic=\"{}\"}} 1", topics.events), format!("herald_topic_durability_risks{{topic=\"{}\"}} 2", topics.commands)] {
+        assert!(metrics.lines().any(|l| l == line), "missing `{line}`:\n{metrics}");
+    }
+    Ok(())
+}
+
+/// The embedded mock cluster has no DescribeConfigs: the settings are
+/// unknown and say why; replication and lag still stand.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_mock_cluster_leaves_settings_unknown_not_the_status() -> anyhow::Result<()> {
+    let topics = Topics::default();
+    let kafka = herald_kafka::EmbeddedKafka::start(3, &topics.all(), 2)?;
+    let probe = KafkaProbe::new(kafka.bootstrap_servers(), &topics, "herald", &SUBSCRIPTIONS, Duration::from_secs(10))?;
+    let started = std::time::Instant::now();
+    let figures = probe.collect().await?;
+    // Refused at once, not waited out: the monitor refreshes every second.
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert_eq!(figures.groups.len(), 3);
+    for t in &figures.topics {
+        assert_eq!((t.partitions, t.replication_factor, t.min_insync_replicas), (2, Some(3), None), "{t:?}");
+        assert!(t.settings_error.as_deref().is_some_and(|e| e.contains("not supported")) && t.risks.is_empty(), "{t:?}");
+    }
+    assert_eq!(figures.topics.len(), 2);
     Ok(())
 }

@@ -1,30 +1,35 @@
 //! Test harness for Herald: databases, brokers and small synchronisation aids.
 //!
 //! The integration tests run the thin path on real backends, not on fakes:
-//! PostgreSQL and SQLite through sqlx, and a real Kafka-protocol broker
-//! (tansu) besides librdkafka's in-process mock cluster. This crate gives every
-//! test its own, empty piece of those backends so tests can run in parallel
-//! and never see each other's rows, topics or consumer groups.
+//! PostgreSQL and SQLite through sqlx, and Apache Kafka (a three-node KRaft
+//! cluster) besides librdkafka's in-process mock cluster. This crate gives
+//! every test its own, empty piece of those backends so tests can run in
+//! parallel and never see each other's rows, topics or consumer groups.
 //!
-//! The services themselves are not started here. `scripts/test` (and `.ci/run`,
-//! which calls it) starts a private PostgreSQL cluster and a tansu broker once
-//! for the whole run and hands them over in environment variables; starting
+//! The shared services are not started here. `scripts/test` (and `.ci/run`,
+//! which calls it) starts a private PostgreSQL cluster and a three-node Kafka
+//! cluster once for the whole run and hands them over in environment
+//! variables; a test that kills brokers starts a cluster of its own
+//! ([`cluster::start`]) instead of disturbing the shared one. Starting
 //! them per test binary would multiply a slow start-up by the number of test
 //! binaries. A test that needs one of them and finds the variable unset fails
 //! with a message that says how to run it, instead of being skipped silently:
 //! a skipped test looks like a passing one.
 
+pub mod cluster;
 mod db;
 pub mod kafka;
+mod proxy;
 mod sync;
 
 pub use db::{TestDb, postgres_db, sqlite_db};
+pub use proxy::CutProxy;
 pub use sync::Gate;
 
 /// Environment variable holding the bootstrap servers of the real broker.
 pub const KAFKA_BROKERS_ENV: &str = "HERALD_TEST_KAFKA_BROKERS";
 
-/// Bootstrap servers of the real Kafka-protocol broker started by
+/// Bootstrap servers of the shared Apache Kafka cluster started by
 /// `scripts/test`.
 ///
 /// The broker is shared by every test of the run, so tests must create their
@@ -35,7 +40,7 @@ pub fn real_broker() -> anyhow::Result<String> {
         Ok(brokers) if !brokers.trim().is_empty() => Ok(brokers),
         _ => anyhow::bail!(
             "{KAFKA_BROKERS_ENV} is not set: run the tests with scripts/test, \
-             which starts the tansu broker"
+             which starts the Kafka cluster"
         ),
     }
 }

@@ -20,9 +20,8 @@ pub struct RelayArgs {
     /// Kafka bootstrap servers.
     #[arg(long, env = "HERALD_KAFKA_BROKERS")]
     pub kafka: Option<String>,
-    /// Partitions of topics Herald creates when they are missing.
-    #[arg(long, env = "HERALD_KAFKA_PARTITIONS", default_value_t = 4)]
-    pub partitions: i32,
+    #[command(flatten)]
+    pub topic: crate::topic_args::TopicArgs,
     /// Rows per batch of one slice.
     #[arg(long, env = "HERALD_RELAY_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
@@ -48,10 +47,10 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
-    let (topic_brokers, partitions) = (brokers.clone(), args.partitions);
+    let (topic_brokers, settings) = (brokers.clone(), args.topic.settings());
     tokio::spawn(async move {
         let topics = Topics::default();
-        if let Err(e) = herald_kafka::ensure_topics(&topic_brokers, &topics.all(), partitions).await {
+        if let Err(e) = herald_kafka::ensure_topics(&topic_brokers, &topics.all(), settings).await {
             warn!(error = %e, "could not make sure Herald's topics exist");
         }
     });

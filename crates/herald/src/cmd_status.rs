@@ -1,5 +1,9 @@
 //! `herald status [--json]`: the figures of a running deployment, once —
-//! the same collector `/metrics` and `/status` refresh.
+//! the same collector `/metrics` and `/status` refresh. With `--kafka` they
+//! include each topic's durability (`kafka.topics` in JSON, `TOPICS` in the
+//! table): a topic whose settings can lose acknowledged events is flagged
+//! with the reason, but the command still succeeds — it reports, it does not
+//! gate.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -16,7 +20,9 @@ pub struct StatusArgs {
     /// Database URL (postgres://… or sqlite://…).
     #[arg(long, env = "HERALD_DATABASE_URL")]
     pub database: Option<String>,
-    /// Kafka bootstrap servers; without them lag is not measured (and said so).
+    /// Kafka bootstrap servers; without them lag and the topics' durability
+    /// (replication, settings, what can lose acknowledged events) are not
+    /// measured (and said so).
     #[arg(long, env = "HERALD_KAFKA_BROKERS")]
     pub kafka: Option<String>,
     /// Prefix of Herald's topic names, as the deployment uses it.

@@ -20,9 +20,8 @@ pub struct Backends {
     /// Kafka bootstrap servers; default: embedded in-process cluster.
     #[arg(long, env = "HERALD_KAFKA_BROKERS")]
     pub kafka: Option<String>,
-    /// Partitions of topics Herald creates.
-    #[arg(long, env = "HERALD_KAFKA_PARTITIONS", default_value_t = 4)]
-    pub partitions: i32,
+    #[command(flatten)]
+    pub topic: crate::topic_args::TopicArgs,
     /// Where export artifacts go: a directory, or s3://bucket/prefix (configured
     /// by the AWS_* variables); default: a temporary directory.
     #[arg(long, env = "HERALD_ARTIFACTS")]
@@ -75,11 +74,11 @@ impl Backends {
         let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
         let (brokers, embedded) = match &self.kafka {
             Some(brokers) => {
-                herald_kafka::ensure_topics(brokers, &topics.all(), self.partitions).await?;
+                herald_kafka::ensure_topics(brokers, &topics.all(), self.topic.settings()).await?;
                 (brokers.clone(), None)
             }
             None => {
-                let kafka = EmbeddedKafka::start(1, &topics.all(), self.partitions)?;
+                let kafka = EmbeddedKafka::start(1, &topics.all(), self.topic.partitions)?;
                 (kafka.bootstrap_servers().to_owned(), Some(kafka))
             }
         };

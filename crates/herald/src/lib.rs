@@ -23,3 +23,4 @@ pub mod notify_start;
 pub mod pipeline;
 pub mod signals;
 pub mod subscriptions;
+pub mod topic_args;

@@ -183,7 +183,7 @@ async fn audit_is_clean_then_names_each_tamper_postgres_real_broker() -> anyhow:
     let brokers = herald_testkit::real_broker()?;
     let prefix = unique("audit");
     let topics = Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), 3).await?;
+    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(3)).await?;
     audit_then_tamper(&test_db.url, &brokers, &topics, &prefix).await
 }
 

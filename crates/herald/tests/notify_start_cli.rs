@@ -3,8 +3,8 @@
 //! message naming the group, partitions and `--start-at`); `--start-at
 //! latest` notifies nothing of the history and everything appended after;
 //! `--start-at <time>` starts at the first record at or after that time.
-//! The last one runs on the real broker (tansu): librdkafka's mock cluster
-//! does not implement offset lookup by time.
+//! The last one runs on Apache Kafka: librdkafka's mock cluster does not
+//! implement offset lookup by time.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ async fn bed(real_broker: bool) -> anyhow::Result<Bed> {
     let topics = Topics::with_prefix(&prefix);
     let (brokers, kafka) = if real_broker {
         let brokers = herald_testkit::real_broker()?;
-        herald_kafka::ensure_topics(&brokers, &topics.all(), PARTITIONS).await?;
+        herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
         (brokers, None)
     } else {
         let kafka = EmbeddedKafka::start(1, &topics.all(), PARTITIONS)?;
@@ -215,8 +215,8 @@ async fn start_at_time_starts_there_on_the_real_broker() -> anyhow::Result<()> {
     let t0 = Utc::now().timestamp_millis() - 3 * hour;
     let old = bed.events(0, 5)?;
     // Two recent records over three partitions: at least one partition has
-    // none, where the broker must say "nothing that recent" (tansu answers
-    // offset 0 there; Herald checks the record's time and starts at the end).
+    // none, where the broker must say "nothing that recent" and the
+    // partition starts at its end.
     let recent = bed.events(5, 2)?;
     bed.publish_at(&old, t0).await?;
     bed.publish_at(&recent, t0 + 2 * hour).await?;

@@ -4,28 +4,26 @@
 //! with `herald snapshot search` covers it and the rebuild from it ends with
 //! generation 2 equal to generation 1; an altered snapshot is refused.
 //!
-//! Truncation: neither librdkafka's mock cluster nor tansu 0.6 (SQLite and
-//! object-store engines) implements DeleteRecords. The mock cluster does
-//! enforce size retention — a partition log over 5 MiB drops its oldest
-//! message sets — so the test truncates by appending large records no
-//! subscription handles (`export.requested` on the events topic).
+//! Runs on the shared Apache Kafka cluster. Retention is played by
+//! DeleteRecords, which moves a partition's log start exactly as time or
+//! size retention does, at a moment the test chooses.
 
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
-use cloudevents::binding::rdkafka::FutureRecordExt;
+use anyhow::Context as _;
 use herald::bench::workload;
 use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
-use herald_envelope::{ExportRequested, OutboxEvent};
 use herald_kafka::offsets::{self, PartitionState};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::Topics;
 use herald_projections::search;
 use herald_rebuild::verify;
 use herald_store::Db;
 use herald_testkit::unique;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use sqlx::Row;
 use tokio::process::Command;
@@ -45,19 +43,16 @@ where
     Ok(())
 }
 
-/// Large records on `partition` until the mock cluster's size retention
-/// moved its low watermark past offset 0.
-async fn truncate(brokers: &str, topic: &str, partition: i32) -> anyhow::Result<()> {
-    let producer: FutureProducer = herald_kafka::producer_config(brokers).set("compression.type", "none").create()?;
-    for i in 0..8 {
-        let query: String = (0..900_000).map(|_| fastrand::alphanumeric()).collect();
-        let data = ExportRequested { job_id: format!("filler-{i}"), caller: "nobody".into(), format: "csv".into(), query, requested_at_ms: 0, version: 1 };
-        let event = OutboxEvent::new(topic, &data.job_id, &data, Utc::now())?;
-        let message = event.to_kafka_record()?;
-        let record = FutureRecord::to(topic).key(event.partition_key.as_str()).partition(partition).message_record(&message);
-        producer.send_result(record).map_err(|(e, _)| e)?.await?.map_err(|(e, _)| e)?;
-    }
-    Ok(())
+/// Deletes every record of `topic`/`partition` below its high watermark,
+/// as retention would; returns the new earliest retained offset.
+async fn truncate(brokers: &str, topic: &str, partition: i32) -> anyhow::Result<i64> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let mut below = TopicPartitionList::new();
+    below.add_partition_offset(topic, partition, Offset::End)?;
+    let result = admin.delete_records(&below, &AdminOptions::new()).await?;
+    let entry = result.find_partition(topic, partition).context("DeleteRecords answered nothing for the partition")?;
+    entry.error()?;
+    entry.offset().to_raw().context("DeleteRecords answered no log start")
 }
 
 fn text(output: &Output) -> String {
@@ -70,8 +65,8 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let prefix = unique("hist");
     let topics = Topics::with_prefix(&prefix);
-    let kafka = EmbeddedKafka::start(1, &topics.all(), PARTITIONS)?;
-    let brokers = kafka.bootstrap_servers().to_owned();
+    let brokers = herald_testkit::real_broker()?;
+    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
     let wiring = Wiring {
         db: db.clone(),
         brokers: brokers.clone(),
@@ -94,12 +89,12 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
         .try_get("n")?;
     assert_eq!(recorded, i64::from(PARTITIONS), "the live group's first start is recorded per partition");
 
-    truncate(&brokers, &topics.events, 0).await?;
+    let truncated_to = truncate(&brokers, &topics.events, 0).await?;
     let states = offsets::partition_states(&brokers, &live_group, &topics.events).await?;
     let low = states[0].low;
-    assert!(low > 0 && states[1].low == 0, "retention dropped the start of partition 0 only: {states:?}");
+    assert!(low > 0 && low == truncated_to && states[1].low == 0, "retention dropped the start of partition 0 only: {states:?}");
     let caught_up = |s: &[PartitionState]| s.iter().all(|p| p.committed == Some(p.high));
-    wait_until("the live group to pass the fillers", || async {
+    wait_until("the live group to commit its position", || async {
         Ok(caught_up(&offsets::partition_states(&brokers, &live_group, &topics.events).await?))
     })
     .await?;

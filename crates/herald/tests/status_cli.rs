@@ -1,5 +1,5 @@
-//! `herald status` as an operator runs it: the table, `--json`, lag from the
-//! real broker, and a usage error.
+//! `herald status` as an operator runs it: the table, `--json`, lag and
+//! topic durability from the real broker, and a usage error.
 
 use std::process::{Command, Output};
 
@@ -59,7 +59,7 @@ async fn status_prints_a_table_and_one_json_object() -> anyhow::Result<()> {
     let table = String::from_utf8(out.stdout)?;
     let unknown = table.lines().find(|l| l.trim_start().starts_with("unknown")).unwrap_or_default();
     assert!(unknown.contains('2') && unknown.contains("!!") && unknown.contains("herald notify reconcile"), "unknown highlighted:\n{table}");
-    for section in ["OUTBOX", "RELAY CLAIMS", "SUBSCRIPTIONS", "NOTIFICATION INTENTS", "EXPORT JOBS", "PROJECTION GENERATIONS"] {
+    for section in ["OUTBOX", "RELAY CLAIMS", "SUBSCRIPTIONS", "TOPICS", "NOTIFICATION INTENTS", "EXPORT JOBS", "PROJECTION GENERATIONS"] {
         assert!(table.contains(section), "{section} missing:\n{table}");
     }
     assert!(table.contains("p50 2.0s"), "latency shown:\n{table}");
@@ -71,7 +71,7 @@ async fn status_measures_lag_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let prefix = herald_testkit::unique("status-cli");
     let topics = herald_kafka::Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), 2).await?;
+    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
     let test_db = herald_testkit::postgres_db().await?;
     Db::connect_and_migrate(&test_db.url).await?.close().await;
 
@@ -85,6 +85,13 @@ async fn status_measures_lag_on_the_real_broker() -> anyhow::Result<()> {
         assert_eq!(sub["group"], format!("{prefix}.{}", sub["name"].as_str().unwrap_or_default()));
     }
     assert_eq!(status["kafka"]["end_offsets"][&topics.events], 0);
+    // Created with the cluster's defaults for three brokers: 3 replicas, 2 in sync.
+    let durability = status["kafka"]["topics"].as_array().cloned().unwrap_or_default();
+    assert_eq!(durability.iter().map(|t| t["topic"].clone()).collect::<Vec<_>>(), [topics.commands.as_str(), topics.events.as_str()], "{status}");
+    for t in &durability {
+        assert_eq!((&t["replication_factor"], &t["min_insync_replicas"], &t["unclean_leader_election_enable"]), (&3.into(), &2.into(), &false.into()), "{t}");
+        assert_eq!(t["risks"], serde_json::json!([]), "{t}");
+    }
     Ok(())
 }
 

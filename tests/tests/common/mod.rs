@@ -62,7 +62,7 @@ pub async fn start(database: Database, broker: Broker) -> anyhow::Result<Stack> 
         }
         Broker::Real => {
             let brokers = herald_testkit::real_broker()?;
-            herald_kafka::ensure_topics(&brokers, &topics.all(), 4).await?;
+            herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(4)).await?;
             (brokers, None)
         }
     };

@@ -50,7 +50,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let backends = Backends {
         database: None,
         kafka: None,
-        partitions: 4,
+        topic: crate::topic_args::TopicArgs { partitions: 4, replication_factor: None, min_insync_replicas: None },
         artifacts: None,
         topic_prefix: None,
         group_prefix: "herald".into(),

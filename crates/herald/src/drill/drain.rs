@@ -48,17 +48,12 @@ pub async fn progress(db: &Db) -> anyhow::Result<Progress> {
     })
 }
 
-/// A consumer role behind and without progress this long is rejoined.
-const STALL: Duration = Duration::from_secs(20);
-
 /// Waits (restarting processes that are down) until `done()` and the
 /// system settled, or `timeout`. Returns the last progress and whether it
-/// settled. A consumer role that is behind and has not moved for [`STALL`]
-/// is stopped cleanly and started again (`Procs::rejoin`, counted).
+/// settled.
 pub async fn wait(db: &Db, procs: &mut Procs, timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow::Result<(Progress, bool)> {
     let deadline = Instant::now() + timeout;
     procs.restart_all_now();
-    let mut watch = Stalls::default();
     loop {
         procs.tick()?;
         let now = progress(db).await?;
@@ -68,40 +63,7 @@ pub async fn wait(db: &Db, procs: &mut Procs, timeout: Duration, mut done: impl 
         if Instant::now() > deadline {
             return Ok((now, false));
         }
-        for role in watch.stalled(&now) {
-            tracing::warn!(role, "drill: consumer behind without progress; stopping it cleanly and starting it again");
-            procs.rejoin(role).await;
-        }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// When each consumer role last moved, and what it had done then.
-#[derive(Default)]
-struct Stalls {
-    seen: [(i64, Option<Instant>); 4],
-}
-
-impl Stalls {
-    const ROLES: [&'static str; 4] = ["consume-search", "consume-stats", "consume-notify", "worker"];
-
-    /// Roles behind that have not moved for `STALL`; their clocks restart.
-    fn stalled(&mut self, p: &Progress) -> Vec<&'static str> {
-        // Workers: open jobs going down is progress (negated so "more" is better).
-        let done = [p.applied[0], p.applied[1], p.applied[2], -p.open_jobs];
-        let behind = [p.applied[0] < p.completions, p.applied[1] < p.completions, p.applied[2] < p.completions, p.open_jobs > 0];
-        let mut stalled = Vec::new();
-        for i in 0..4 {
-            let (last, since) = &mut self.seen[i];
-            if !behind[i] || *last != done[i] || since.is_none() {
-                *last = done[i];
-                *since = Some(Instant::now());
-            } else if since.is_some_and(|t| t.elapsed() > STALL) {
-                stalled.push(Self::ROLES[i]);
-                *since = Some(Instant::now() + super::procs::CONSUMER_RESTART);
-            }
-        }
-        stalled
     }
 }
 
@@ -140,19 +102,9 @@ mod tests {
     }
 
     #[test]
-    fn only_a_role_behind_and_unmoving_for_the_stall_time_is_named() {
-        let mut watch = Stalls::default();
-        assert!(watch.stalled(&behind_stats(5, 0)).is_empty(), "first sight starts the clock");
-        // Pretend the clocks started long ago.
-        for (_, since) in &mut watch.seen {
-            *since = Some(Instant::now() - STALL - Duration::from_secs(1));
-        }
-        assert_eq!(watch.stalled(&behind_stats(5, 0)), vec!["consume-stats"], "caught-up roles and idle workers are not stalled");
-        assert!(watch.stalled(&behind_stats(5, 0)).is_empty(), "after a rejoin the role gets time to come back");
-        for (_, since) in &mut watch.seen {
-            *since = Some(Instant::now() - STALL - Duration::from_secs(1));
-        }
-        assert!(watch.stalled(&behind_stats(6, 0)).is_empty(), "progress restarts the clock");
-        assert!(behind_stats(10, 0).settled() && !behind_stats(9, 0).settled() && !behind_stats(10, 1).settled());
+    fn settled_means_every_subscription_caught_up_and_no_job_open() {
+        assert!(behind_stats(10, 0).settled());
+        assert!(!behind_stats(9, 0).settled());
+        assert!(!behind_stats(10, 1).settled());
     }
 }

@@ -9,15 +9,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::process::{Child, Command};
 
-/// How long a killed consumer waits before it comes back: well past the
-/// broker's session timeout (6 s, herald-kafka), so the dead member has left
-/// the group when the new one joins. tansu 0.6.0 can leave a group without
-/// any assignment when a member joins while a crashed member's session is
-/// still alive (design brief, "Backends"); a drill run with a 7 s delay hit
-/// it (the new member got no partitions and stayed idle). That is a gap of
-/// the test broker, documented, not something Herald works around.
-pub const CONSUMER_RESTART: Duration = Duration::from_millis(10_000);
-/// Other roles come back quickly.
+/// A killed process comes back after this long (a new consumer joins its
+/// group while the dead member's session may still be alive: the group
+/// coordinator waits for that session to expire, which is the point).
 const RESTART: Duration = Duration::from_millis(700);
 
 /// One role instance.
@@ -27,8 +21,6 @@ pub struct Spec {
     /// Instance name, unique (`worker-1`).
     pub name: String,
     pub args: Vec<String>,
-    /// A Kafka group member: restarts wait past the session timeout.
-    pub consumer: bool,
 }
 
 struct Proc {
@@ -53,14 +45,11 @@ pub struct Procs {
     pub kills: BTreeMap<&'static str, u64>,
     /// Processes that exited without being killed (counted, restarted).
     pub exits: BTreeMap<&'static str, u64>,
-    /// Clean restarts during the drain of a consumer stuck without
-    /// partitions (see `rejoin`).
-    pub rejoins: BTreeMap<&'static str, u64>,
 }
 
 impl Procs {
     pub fn new(exe: PathBuf, env: Vec<(String, String)>, logs: &Path) -> Procs {
-        Procs { launcher: Launcher { exe, env, logs: logs.to_owned() }, procs: Vec::new(), kills: BTreeMap::new(), exits: BTreeMap::new(), rejoins: BTreeMap::new() }
+        Procs { launcher: Launcher { exe, env, logs: logs.to_owned() }, procs: Vec::new(), kills: BTreeMap::new(), exits: BTreeMap::new() }
     }
 
     pub fn add(&mut self, spec: Spec) -> anyhow::Result<()> {
@@ -104,24 +93,12 @@ impl Procs {
         Ok(())
     }
 
-    /// SIGKILLs every running process of `role` without counting it as a
-    /// drill kill; returns how many.
-    pub async fn kill_role(&mut self, role: &str) -> anyhow::Result<u64> {
-        let mut n = 0;
-        for i in 0..self.procs.len() {
-            if self.procs[i].spec.role == role && self.kill_quietly(i).await? {
-                n += 1;
-            }
-        }
-        Ok(n)
-    }
-
     async fn kill_quietly(&mut self, i: usize) -> anyhow::Result<bool> {
         let proc = &mut self.procs[i];
         let Some(mut child) = proc.child.take() else { return Ok(false) };
         child.start_kill()?;
         child.wait().await?;
-        proc.restart_at = Some(Instant::now() + if proc.spec.consumer { CONSUMER_RESTART } else { RESTART });
+        proc.restart_at = Some(Instant::now() + RESTART);
         Ok(true)
     }
 
@@ -138,7 +115,7 @@ impl Procs {
             if exited {
                 proc.child = None;
                 *self.exits.entry(proc.spec.role).or_default() += 1;
-                proc.restart_at = Some(now + if proc.spec.consumer { CONSUMER_RESTART } else { RESTART });
+                proc.restart_at = Some(now + RESTART);
             }
             if self.procs[i].restart_at.is_some_and(|at| at <= now) {
                 self.launcher.spawn(&mut self.procs[i])?;
@@ -159,19 +136,6 @@ impl Procs {
                 proc.restart_at = Some(Instant::now());
             }
         }
-    }
-
-    /// Stops every process of `role` cleanly (SIGTERM: it leaves its group)
-    /// and starts it again after the session timeout. For the drain only:
-    /// tansu 0.6.0 can leave a consumer that joined after a crash without
-    /// any partition, and only a clean leave and rejoin recovers it (design
-    /// brief, "Backends"). Counted and printed, never silent.
-    pub async fn rejoin(&mut self, role: &'static str) {
-        for proc in self.procs.iter_mut().filter(|p| p.spec.role == role) {
-            terminate(proc, Duration::from_secs(10)).await;
-            proc.restart_at = Some(Instant::now() + CONSUMER_RESTART);
-        }
-        *self.rejoins.entry(role).or_default() += 1;
     }
 
     /// Stops everything: SIGTERM, a grace period to drain, then SIGKILL.

@@ -20,10 +20,9 @@ pub struct Outcome {
     pub load: LoadStats,
     pub kills: BTreeMap<&'static str, u64>,
     pub exits: BTreeMap<&'static str, u64>,
-    /// Clean restarts of a consumer stuck without partitions in the drain.
-    pub rejoins: BTreeMap<&'static str, u64>,
-    pub broker_stops: u64,
-    pub relays_restarted_with_broker: u64,
+    /// Brokers SIGKILLed (one down at a time) and started again.
+    pub broker_kills: u64,
+    pub broker_restarts: u64,
     pub kafka_records: usize,
     /// Provider effects beyond the first per key.
     pub notification_duplicates: i64,
@@ -63,9 +62,7 @@ impl Outcome {
         row("kills by role", format!("{} ({})", self.kills.values().sum::<u64>(), kills.join(", ")));
         let exits: Vec<String> = self.exits.iter().map(|(role, n)| format!("{role} {n}")).collect();
         row("exits on their own", if exits.is_empty() { "0".into() } else { exits.join(", ") });
-        let rejoins: Vec<String> = self.rejoins.iter().map(|(role, n)| format!("{role} {n}")).collect();
-        row("rejoins in the drain", if rejoins.is_empty() { "0".into() } else { format!("{} (tansu group gap, ARCHITECTURE.md)", rejoins.join(", ")) });
-        row("broker stops", format!("{} (relays restarted with it: {})", self.broker_stops, self.relays_restarted_with_broker));
+        row("broker kills", format!("{} SIGKILLed, {} restarted (one down at a time)", self.broker_kills, self.broker_restarts));
         row("drain", if self.settled { "settled".into() } else { format!("NOT settled: {:?}", self.progress) });
         row("violations", format!("{} ({} audit, {} intake)", self.violations(), self.audit.violations, l.violations.len()));
         row("notification duplicates", self.notification_duplicates.to_string());
