@@ -2,8 +2,8 @@
 //! consumer SIGKILLed between its database commit and its offset commit, two
 //! processes of one subscription sharing its partitions, and the dead-letter
 //! CLI. Kill-and-restart runs on the mock cluster (hosted by this test
-//! process), as DESIGN.md asks: the real broker's sessions of killed members
-//! outlive the test otherwise.
+//! process), whose fault switches the test needs; membership churn on Apache
+//! Kafka is `consumer_churn.rs`.
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};

@@ -1,5 +1,6 @@
 //! `herald bench relay`: events per second from an outbox on PostgreSQL to
-//! the in-process mock cluster (so the broker is not the bottleneck), for
+//! the in-process mock cluster (so the broker is not the bottleneck), or to a
+//! real cluster given with `--kafka` (the figures users compare with), for
 //!
 //! 1. a raw rdkafka producer sending the same records (the ceiling),
 //! 2. a naive relay: select one row, publish, await the ack, update, repeat,
@@ -42,6 +43,11 @@ pub struct RelayBenchArgs {
     /// drops its own databases there.
     #[arg(long, env = "HERALD_DATABASE_URL")]
     database: Option<String>,
+    /// A Kafka cluster to publish to instead of the in-process mock; the
+    /// benchmark creates a topic of its own there (Herald's durability
+    /// defaults: 3 replicas, `min.insync.replicas` 2 on three brokers).
+    #[arg(long)]
+    kafka: Option<String>,
 }
 
 const TOPIC: &str = "bench.events";
@@ -52,15 +58,25 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: `herald bench relay` needs --database postgres://… (or HERALD_DATABASE_URL): it measures the relay from PostgreSQL");
         return Ok(ExitCode::from(2));
     };
-    let kafka = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
-    let brokers = kafka.bootstrap_servers().to_owned();
+    let (_mock, brokers, topic) = match &args.kafka {
+        Some(brokers) => {
+            let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+            herald_kafka::ensure_topics(brokers, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
+            (None, brokers.clone(), topic)
+        }
+        None => {
+            let kafka = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
+            let brokers = kafka.bootstrap_servers().to_owned();
+            (Some(kafka), brokers, TOPIC.to_owned())
+        }
+    };
 
-    let raw = raw_producer(&brokers, &events(args.events)?).await?;
+    let raw = raw_producer(&brokers, &topic, &events(&topic, args.events)?).await?;
     let naive_db = TempDb::create(&server).await?;
-    let naive = naive_relay(&naive_db.db, &brokers, &events(args.naive_events)?).await?;
+    let naive = naive_relay(&naive_db.db, &brokers, &events(&topic, args.naive_events)?).await?;
     naive_db.drop_it(&server).await;
     let herald_db = TempDb::create(&server).await?;
-    let herald = herald_relay(&herald_db.db, &brokers, &events(args.events)?).await?;
+    let herald = herald_relay(&herald_db.db, &brokers, &events(&topic, args.events)?).await?;
     herald_db.drop_it(&server).await;
 
     report(&args, raw, naive, herald)?;
@@ -69,7 +85,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
 
 /// Events of about 200 bytes of data over `KEYS` keys, as in the design
 /// brief's database measurements.
-fn events(n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
+fn events(topic: &str, n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
     let data = vec![b'x'; 200];
     Ok((0..n)
         .map(|i| {
@@ -82,7 +98,7 @@ fn events(n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
                 time: Utc::now(),
                 schema_file: "bench.avsc".to_owned(),
                 data: data.clone(),
-                topic: TOPIC.to_owned(),
+                topic: topic.to_owned(),
                 partition_key: key,
             }
         })
@@ -105,13 +121,13 @@ impl Run {
     }
 }
 
-async fn raw_producer(brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+async fn raw_producer(brokers: &str, topic: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     let producer: FutureProducer = herald_relay::producer_config(brokers).create()?;
     let started = Instant::now();
     let mut deliveries = Vec::with_capacity(events.len());
     for event in events {
         let message = event.to_kafka_record()?;
-        let record = FutureRecord::to(TOPIC).key(event.partition_key.as_str()).message_record(&message);
+        let record = FutureRecord::to(topic).key(event.partition_key.as_str()).message_record(&message);
         deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
     }
     for delivery in deliveries {
@@ -209,12 +225,14 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
             "raw_producer_eps": raw.eps().round(), "naive_relay_eps": naive.eps().round(), "relay_eps": herald.eps().round(),
             "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": (vs_raw * 100.0).round() / 100.0,
             "events": herald.events, "naive_events": naive.events, "partitions": args.partitions,
+            "broker": args.kafka.as_deref().unwrap_or("in-process mock cluster"),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "relay_time_split": herald.split.map(|[r, p, w]| json!({"read": r, "await_broker": p, "record_progress": w})),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
+    println!("broker: {}\n", args.kafka.as_deref().unwrap_or("in-process mock cluster"));
     println!("| run | events | seconds | events/s | vs Herald |");
     println!("|---|---:|---:|---:|---:|");
     for (name, run) in [("raw rdkafka producer (ceiling)", raw), ("naive relay (1 row: select, publish, await, update)", naive), ("Herald relay (PostgreSQL, progress recorded)", herald)] {
