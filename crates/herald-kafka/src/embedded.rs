@@ -30,7 +30,7 @@ type Command = (Fault, mpsc::Sender<Result<(), KafkaError>>);
 /// A fault to inject into the running cluster.
 #[derive(Debug, Clone)]
 enum Fault {
-    ProduceErrors(Vec<RDKafkaRespErr>),
+    RequestErrors(RDKafkaApiKey, Vec<RDKafkaRespErr>),
     BrokerDown(i32),
     BrokerUp(i32),
     RoundTripTime(i32, Duration),
@@ -38,8 +38,8 @@ enum Fault {
 
 fn apply<C: rdkafka::ClientContext>(cluster: &MockCluster<'_, C>, fault: Fault) -> Result<(), KafkaError> {
     match fault {
-        Fault::ProduceErrors(errors) => {
-            cluster.request_errors(RDKafkaApiKey::Produce, &errors);
+        Fault::RequestErrors(api, errors) => {
+            cluster.request_errors(api, &errors);
             Ok(())
         }
         Fault::BrokerDown(id) => cluster.broker_down(id),
@@ -91,7 +91,12 @@ impl EmbeddedKafka {
     /// The next produce requests (to any broker) fail with `errors`, one per
     /// request, in order.
     pub fn produce_errors(&self, errors: &[RDKafkaRespErr]) -> Result<(), KafkaError> {
-        self.inject(Fault::ProduceErrors(errors.to_vec()))
+        self.request_errors(RDKafkaApiKey::Produce, errors)
+    }
+
+    /// The next requests of kind `api` fail with `errors`, one per request.
+    pub fn request_errors(&self, api: RDKafkaApiKey, errors: &[RDKafkaRespErr]) -> Result<(), KafkaError> {
+        self.inject(Fault::RequestErrors(api, errors.to_vec()))
     }
 
     /// Broker `id` (1-based) stops answering: its connections are closed and

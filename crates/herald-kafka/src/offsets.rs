@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,6 +43,39 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KafkaError> +
     tokio::task::spawn_blocking(f).await.map_err(|e| KafkaError::ClientCreation(format!("offsets thread: {e}")))?
 }
 
+/// Retries `op` while the group's coordinator is not ready (it is being
+/// elected, loading its partition of `__consumer_offsets`, or the offsets
+/// topic itself is still being created on a fresh cluster), within
+/// [`TIMEOUT`]. These answers mean "ask again soon", not "no offsets": a
+/// caller that gave up on them would take a fresh deployment's first start
+/// for a failure and, by the time it tried again, find history it must
+/// refuse to notify.
+fn while_coordinator_moves<T>(mut op: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match op() {
+            Err(e) if coordinator_not_ready(&e) && std::time::Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "group coordinator not ready; asking again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            other => return other,
+        }
+    }
+}
+
+fn coordinator_not_ready(error: &KafkaError) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::CoordinatorLoadInProgress
+        )
+    )
+}
+
 /// Every partition of `topic`: `group`'s committed offset and the watermarks.
 pub async fn partition_states(brokers: &str, group: &str, topic: &str) -> Result<Vec<PartitionState>, KafkaError> {
     let (brokers, group, topic) = (brokers.to_owned(), group.to_owned(), topic.to_owned());
@@ -53,7 +87,7 @@ pub async fn partition_states(brokers: &str, group: &str, topic: &str) -> Result
         for p in &partitions {
             tpl.add_partition(&topic, *p);
         }
-        let committed = client.committed_offsets(tpl, TIMEOUT)?;
+        let committed = while_coordinator_moves(|| client.committed_offsets(tpl.clone(), TIMEOUT))?;
         let mut out = Vec::with_capacity(partitions.len());
         for p in partitions {
             let (low, high) = client.fetch_watermarks(&topic, p, TIMEOUT)?;
@@ -82,7 +116,7 @@ pub async fn commit(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i6
         for (p, offset) in &offsets {
             tpl.add_partition_offset(&topic, *p, Offset::Offset(*offset))?;
         }
-        client.commit(&tpl, CommitMode::Sync)
+        while_coordinator_moves(|| client.commit(&tpl, CommitMode::Sync))
     })
     .await
 }
