@@ -43,20 +43,21 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KafkaError> +
     tokio::task::spawn_blocking(f).await.map_err(|e| KafkaError::ClientCreation(format!("offsets thread: {e}")))?
 }
 
-/// Retries `op` while the group's coordinator is not ready (it is being
-/// elected, loading its partition of `__consumer_offsets`, or the offsets
-/// topic itself is still being created on a fresh cluster), within
-/// [`TIMEOUT`]. These answers mean "ask again soon", not "no offsets": a
-/// caller that gave up on them would take a fresh deployment's first start
-/// for a failure and, by the time it tried again, find history it must
-/// refuse to notify.
-fn while_coordinator_moves<T>(mut op: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
+/// Retries `op` while the cluster is moving under it: the group's
+/// coordinator not ready (being elected, loading its partition of
+/// `__consumer_offsets`, or that topic still being created on a fresh
+/// cluster), a partition's leadership moving after a broker died, a
+/// connection to a broker that just went away. Within [`TIMEOUT`]. These
+/// answers mean "ask again soon", not "no offsets": a caller that gave up on
+/// them would take a fresh deployment's first start for a failure and, by
+/// the time it tried again, find history it must refuse to notify.
+fn while_cluster_moves<T>(mut op: impl FnMut() -> Result<T, KafkaError>) -> Result<T, KafkaError> {
     let deadline = std::time::Instant::now() + TIMEOUT;
     let mut pause = Duration::from_millis(100);
     loop {
         match op() {
-            Err(e) if coordinator_not_ready(&e) && std::time::Instant::now() + pause < deadline => {
-                tracing::debug!(error = %e, "group coordinator not ready; asking again");
+            Err(e) if cluster_moving(&e) && std::time::Instant::now() + pause < deadline => {
+                tracing::debug!(error = %e, "the cluster is moving; asking again");
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
@@ -65,13 +66,17 @@ fn while_coordinator_moves<T>(mut op: impl FnMut() -> Result<T, KafkaError>) -> 
     }
 }
 
-fn coordinator_not_ready(error: &KafkaError) -> bool {
+fn cluster_moving(error: &KafkaError) -> bool {
     matches!(
         error.rdkafka_error_code(),
         Some(
             RDKafkaErrorCode::NotCoordinator
                 | RDKafkaErrorCode::CoordinatorNotAvailable
                 | RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::NotLeaderForPartition
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::DestroyBroker
         )
     )
 }
@@ -81,26 +86,30 @@ pub async fn partition_states(brokers: &str, group: &str, topic: &str) -> Result
     let (brokers, group, topic) = (brokers.to_owned(), group.to_owned(), topic.to_owned());
     blocking(move || {
         let client = client(&brokers, &group)?;
-        let metadata = client.fetch_metadata(Some(&topic), TIMEOUT)?;
-        let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
-        let mut tpl = TopicPartitionList::new();
-        for p in &partitions {
-            tpl.add_partition(&topic, *p);
-        }
-        let committed = while_coordinator_moves(|| client.committed_offsets(tpl.clone(), TIMEOUT))?;
-        let mut out = Vec::with_capacity(partitions.len());
-        for p in partitions {
-            let (low, high) = client.fetch_watermarks(&topic, p, TIMEOUT)?;
-            let committed = match committed.find_partition(&topic, p).map(|e| e.offset()) {
-                Some(Offset::Offset(n)) => Some(n),
-                _ => None,
-            };
-            out.push(PartitionState { partition: p, committed, low, high });
-        }
-        out.sort_by_key(|s| s.partition);
-        Ok(out)
+        while_cluster_moves(|| states(&client, &topic))
     })
     .await
+}
+
+fn states(client: &BaseConsumer, topic: &str) -> Result<Vec<PartitionState>, KafkaError> {
+    let metadata = client.fetch_metadata(Some(topic), TIMEOUT)?;
+    let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+    let mut tpl = TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition(topic, *p);
+    }
+    let committed = client.committed_offsets(tpl, TIMEOUT)?;
+    let mut out = Vec::with_capacity(partitions.len());
+    for p in partitions {
+        let (low, high) = client.fetch_watermarks(topic, p, TIMEOUT)?;
+        let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
+            Some(Offset::Offset(n)) => Some(n),
+            _ => None,
+        };
+        out.push(PartitionState { partition: p, committed, low, high });
+    }
+    out.sort_by_key(|s| s.partition);
+    Ok(out)
 }
 
 /// Commits `offsets` (partition, next offset to read) for `group`, which must
@@ -116,7 +125,7 @@ pub async fn commit(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i6
         for (p, offset) in &offsets {
             tpl.add_partition_offset(&topic, *p, Offset::Offset(*offset))?;
         }
-        while_coordinator_moves(|| client.commit(&tpl, CommitMode::Sync))
+        while_cluster_moves(|| client.commit(&tpl, CommitMode::Sync))
     })
     .await
 }
