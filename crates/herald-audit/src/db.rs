@@ -1,11 +1,14 @@
 //! The database's side of the evidence, read in one snapshot.
 
-use herald_store::{Backend, Db};
+use herald_envelope::{EventData, ExportCompleted};
+use herald_store::{Backend, Db, Tx};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::AuditError;
-use crate::model::{ArtifactRow, DbEvidence, InboxRow, Intent, Job, OutboxRow, SearchDocument};
+use crate::model::{
+    ArtifactRow, COMPLETED, Completion, DbEvidence, DeadLetter, InboxRow, IntakeKey, Intent, Job, OutboxRow, SearchDocument, StatsCounter,
+};
 
 /// Reads every table the checks compare, in one transaction (repeatable read
 /// on PostgreSQL), so the tables agree with each other.
@@ -22,47 +25,77 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
     };
     let sql = format!("SELECT seq, source, event_id, event_type, subject, topic, partition_key, status FROM outbox ORDER BY {commit_order}");
     let outbox = sqlx::query(&sql)
-    .fetch_all(&mut *tx)
-    .await?
-    .iter()
-    .enumerate()
-    .map(|(rank, r)| outbox_row(rank, r))
-    .collect::<Result<_, sqlx::Error>>()?;
-    let inbox = sqlx::query("SELECT subscription, source, event_id FROM inbox")
         .fetch_all(&mut *tx)
         .await?
         .iter()
-        .map(|r| Ok(InboxRow { subscription: r.try_get("subscription")?, source: r.try_get("source")?, event_id: r.try_get("event_id")? }))
+        .enumerate()
+        .map(|(rank, r)| outbox_row(rank, r))
         .collect::<Result<_, sqlx::Error>>()?;
-    let jobs = sqlx::query("SELECT job_id, caller, status, result_id FROM export_jobs")
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|r| Ok(Job { job_id: r.try_get("job_id")?, caller: r.try_get("caller")?, status: r.try_get("status")?, result_id: r.try_get("result_id")? }))
-        .collect::<Result<_, sqlx::Error>>()?;
+    let (completions, undecodable_completions) = completions(&mut tx).await?;
     let active_generation: i64 =
         sqlx::query("SELECT generation FROM active_generations WHERE projection = 'search'").fetch_one(&mut *tx).await?.try_get("generation")?;
-    let search_documents = sqlx::query("SELECT job_id, caller, result_id FROM search_documents WHERE generation = $1")
+    let search_documents = sqlx::query("SELECT job_id, caller, result_id, deleted_at_ms FROM search_documents WHERE generation = $1")
         .bind(active_generation)
         .fetch_all(&mut *tx)
         .await?
         .iter()
-        .map(|r| Ok(SearchDocument { job_id: r.try_get("job_id")?, caller: r.try_get("caller")?, result_id: r.try_get("result_id")? }))
+        .map(search_document)
         .collect::<Result<_, sqlx::Error>>()?;
-    let artifacts = sqlx::query("SELECT result_id, job_id FROM export_artifacts")
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|r| Ok(ArtifactRow { result_id: r.try_get("result_id")?, job_id: r.try_get("job_id")? }))
-        .collect::<Result<_, sqlx::Error>>()?;
-    let intents = sqlx::query("SELECT idempotency_key, status FROM notification_intents")
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|r| Ok(Intent { key: r.try_get("idempotency_key")?, status: r.try_get("status")? }))
-        .collect::<Result<_, sqlx::Error>>()?;
+    let evidence = DbEvidence {
+        outbox,
+        inbox: select(&mut tx, "SELECT subscription, source, event_id, topic, kafka_partition, kafka_offset FROM inbox", inbox_row).await?,
+        jobs: select(&mut tx, "SELECT job_id, caller, status, result_id, format, query FROM export_jobs", job).await?,
+        intake_keys: select(&mut tx, "SELECT caller, operation, intent_key, fingerprint, job_id FROM export_intents", intake_key).await?,
+        active_generation,
+        search_documents,
+        artifacts: select(&mut tx, "SELECT result_id, job_id FROM export_artifacts", |r| {
+            Ok(ArtifactRow { result_id: r.try_get("result_id")?, job_id: r.try_get("job_id")? })
+        })
+        .await?,
+        intents: select(&mut tx, "SELECT idempotency_key, status, source, event_id, recipient FROM notification_intents", intent).await?,
+        completions,
+        undecodable_completions,
+        stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters", stats_counter).await?,
+        dead_letters: select(
+            &mut tx,
+            "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers FROM dead_letters",
+            dead_letter,
+        )
+        .await?,
+    };
     tx.rollback().await?;
-    Ok(DbEvidence { outbox, inbox, jobs, active_generation, search_documents, artifacts, intents })
+    Ok(evidence)
+}
+
+async fn select<T>(tx: &mut Tx<'_>, sql: &str, map: fn(&AnyRow) -> Result<T, sqlx::Error>) -> Result<Vec<T>, AuditError> {
+    let rows = sqlx::query(sql).fetch_all(&mut **tx).await?;
+    Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+}
+
+/// Completion events with their data decoded. A row that does not decode is
+/// evidence too (a check names it), not a reason to stop the audit.
+async fn completions(tx: &mut Tx<'_>) -> Result<(Vec<Completion>, Vec<(i64, String)>), AuditError> {
+    let rows = sqlx::query("SELECT seq, source, event_id, schema_file, data FROM outbox WHERE event_type = $1")
+        .bind(COMPLETED)
+        .fetch_all(&mut **tx)
+        .await?;
+    let (mut decoded, mut undecodable) = (Vec::new(), Vec::new());
+    for r in &rows {
+        let (schema_file, data): (String, Vec<u8>) = (r.try_get("schema_file")?, r.try_get("data")?);
+        match ExportCompleted::from_avro(&schema_file, &data) {
+            Ok(c) => decoded.push(Completion {
+                source: r.try_get("source")?,
+                event_id: r.try_get("event_id")?,
+                job_id: c.job_id,
+                caller: c.caller,
+                format: c.format,
+                completed_at_ms: c.completed_at_ms,
+                size_bytes: c.size_bytes,
+            }),
+            Err(e) => undecodable.push((r.try_get("seq")?, e.to_string())),
+        }
+    }
+    Ok((decoded, undecodable))
 }
 
 fn outbox_row(rank: usize, r: &AnyRow) -> Result<OutboxRow, sqlx::Error> {
@@ -76,5 +109,79 @@ fn outbox_row(rank: usize, r: &AnyRow) -> Result<OutboxRow, sqlx::Error> {
         topic: r.try_get("topic")?,
         partition_key: r.try_get("partition_key")?,
         status: r.try_get("status")?,
+    })
+}
+
+fn inbox_row(r: &AnyRow) -> Result<InboxRow, sqlx::Error> {
+    Ok(InboxRow {
+        subscription: r.try_get("subscription")?,
+        source: r.try_get("source")?,
+        event_id: r.try_get("event_id")?,
+        topic: r.try_get("topic")?,
+        partition: r.try_get("kafka_partition")?,
+        offset: r.try_get("kafka_offset")?,
+    })
+}
+
+fn job(r: &AnyRow) -> Result<Job, sqlx::Error> {
+    Ok(Job {
+        job_id: r.try_get("job_id")?,
+        caller: r.try_get("caller")?,
+        status: r.try_get("status")?,
+        result_id: r.try_get("result_id")?,
+        format: r.try_get("format")?,
+        query: r.try_get("query")?,
+    })
+}
+
+fn intake_key(r: &AnyRow) -> Result<IntakeKey, sqlx::Error> {
+    Ok(IntakeKey {
+        caller: r.try_get("caller")?,
+        operation: r.try_get("operation")?,
+        key: r.try_get("intent_key")?,
+        fingerprint: r.try_get("fingerprint")?,
+        job_id: r.try_get("job_id")?,
+    })
+}
+
+fn search_document(r: &AnyRow) -> Result<SearchDocument, sqlx::Error> {
+    let deleted_at: Option<i64> = r.try_get("deleted_at_ms")?;
+    Ok(SearchDocument { job_id: r.try_get("job_id")?, caller: r.try_get("caller")?, result_id: r.try_get("result_id")?, tombstone: deleted_at.is_some() })
+}
+
+fn intent(r: &AnyRow) -> Result<Intent, sqlx::Error> {
+    Ok(Intent {
+        key: r.try_get("idempotency_key")?,
+        status: r.try_get("status")?,
+        source: r.try_get("source")?,
+        event_id: r.try_get("event_id")?,
+        recipient: r.try_get("recipient")?,
+    })
+}
+
+fn stats_counter(r: &AnyRow) -> Result<StatsCounter, sqlx::Error> {
+    Ok(StatsCounter {
+        day: r.try_get("day")?,
+        caller: r.try_get("caller")?,
+        format: r.try_get("format")?,
+        exports: r.try_get("exports")?,
+        bytes: r.try_get("bytes")?,
+    })
+}
+
+fn dead_letter(r: &AnyRow) -> Result<DeadLetter, sqlx::Error> {
+    let value: Option<Vec<u8>> = r.try_get("record_value")?;
+    let headers: String = r.try_get("headers")?;
+    Ok(DeadLetter {
+        id: r.try_get("id")?,
+        subscription: r.try_get("subscription")?,
+        source: r.try_get("source")?,
+        event_id: r.try_get("event_id")?,
+        topic: r.try_get("topic")?,
+        partition: r.try_get("kafka_partition")?,
+        offset: r.try_get("kafka_offset")?,
+        status: r.try_get("status")?,
+        // Headers are stored as a JSON array; `[]` is a record without any.
+        holds_record: value.is_some() || headers.trim() != "[]",
     })
 }

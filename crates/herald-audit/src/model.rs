@@ -6,10 +6,17 @@ use std::collections::{BTreeMap, BTreeSet};
 /// Event types the checks reason about.
 pub const COMPLETED: &str = "herald.export.completed";
 pub const DELETED: &str = "herald.export.deleted";
+pub const REQUESTED: &str = "herald.export.requested";
 /// Job status of a finished, successful export.
 pub const SUCCEEDED: &str = "succeeded";
+/// Job status after its owner deleted it.
+pub const JOB_DELETED: &str = "deleted";
 /// Intent status of a notification the provider gave a receipt for.
 pub const SENT: &str = "sent";
+/// Subscription the stats counters belong to.
+pub const STATS: &str = "stats";
+/// Subscription that writes notification intents.
+pub const NOTIFY: &str = "notify";
 
 /// Subscriptions that apply `herald.export.completed`, each with its own
 /// inbox scope. Rebuild scopes (`search@g<N>`) are a replay's, not a
@@ -59,11 +66,17 @@ pub struct KafkaHistory {
     pub truncated: BTreeMap<(String, i32), i64>,
 }
 
+/// An inbox row: a fact a subscription applied, and the record (topic,
+/// partition, offset) it was applied from — a dead letter's own position
+/// when a redrive applied it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboxRow {
     pub subscription: String,
     pub source: String,
     pub event_id: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,14 +85,68 @@ pub struct Job {
     pub caller: String,
     pub status: String,
     pub result_id: Option<String>,
+    pub format: String,
+    pub query: String,
 }
 
-/// A document of the active search generation.
+/// An intake key (`export_intents`): the job it created and the fingerprint
+/// of the parameters it was accepted with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntakeKey {
+    pub caller: String,
+    pub operation: String,
+    pub key: String,
+    pub fingerprint: String,
+    pub job_id: String,
+}
+
+/// A row of the active search generation: a document, or the tombstone a
+/// delete left (which reads skip).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SearchDocument {
     pub job_id: String,
     pub caller: String,
     pub result_id: String,
+    pub tombstone: bool,
+}
+
+/// A completion event's data, decoded from its outbox row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub source: String,
+    pub event_id: String,
+    pub job_id: String,
+    pub caller: String,
+    pub format: String,
+    pub completed_at_ms: i64,
+    pub size_bytes: i64,
+}
+
+/// One row of `stats_counters`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsCounter {
+    pub day: String,
+    pub caller: String,
+    pub format: String,
+    pub exports: i64,
+    pub bytes: i64,
+}
+
+/// A dead letter, without its bytes: whether it still holds a record to
+/// redrive is enough for the checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub id: i64,
+    pub subscription: String,
+    /// Identity, when the record decoded far enough to have one.
+    pub source: Option<String>,
+    pub event_id: Option<String>,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub status: String,
+    /// A value or headers are kept: there is something to redrive.
+    pub holds_record: bool,
 }
 
 /// A registered candidate artifact (`export_artifacts`).
@@ -93,6 +160,10 @@ pub struct ArtifactRow {
 pub struct Intent {
     pub key: String,
     pub status: String,
+    /// The completion it notifies of, and to whom.
+    pub source: String,
+    pub event_id: String,
+    pub recipient: String,
 }
 
 /// What the database holds.
@@ -101,10 +172,18 @@ pub struct DbEvidence {
     pub outbox: Vec<OutboxRow>,
     pub inbox: Vec<InboxRow>,
     pub jobs: Vec<Job>,
+    pub intake_keys: Vec<IntakeKey>,
     pub active_generation: i64,
+    /// The active generation's rows, tombstones included.
     pub search_documents: Vec<SearchDocument>,
     pub artifacts: Vec<ArtifactRow>,
     pub intents: Vec<Intent>,
+    /// Every completion event of the outbox whose data decoded.
+    pub completions: Vec<Completion>,
+    /// Completion rows whose data did not decode: outbox seq and why.
+    pub undecodable_completions: Vec<(i64, String)>,
+    pub stats_counters: Vec<StatsCounter>,
+    pub dead_letters: Vec<DeadLetter>,
 }
 
 /// Everything an audit looks at. `None` means that source was not given and

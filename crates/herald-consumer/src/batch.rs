@@ -5,16 +5,16 @@
 //! pauses the subscription and retries, and never dead-letters.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use herald_envelope::{DecodedEvent, Registry, decode_any_with};
-use herald_store::dead_letter::{self, NewDeadLetter};
+use herald_store::dead_letter;
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
-use rdkafka::message::{Headers, Message, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::warn;
 
+use crate::letters::{self, Backoff};
 use crate::metrics::Metrics;
 use crate::{Handler, HandlerError, Options};
 
@@ -120,8 +120,9 @@ impl<H: Handler> Applier<'_, H> {
         self.handler.apply_batch(&mut tx, &new).await?;
         for (msg, p) in batch.iter().zip(parsed) {
             if let Parsed::Poison(reason) = p {
-                dead_letter::insert(&mut tx, &letter(self.subscription, msg, None, reason, 1)).await?;
-                log_dead(self.subscription, msg, reason, 1);
+                let letter = letters::letter(self.subscription, msg, None, reason, 1);
+                dead_letter::insert(&mut tx, &letter).await?;
+                letters::log_dead(&letter);
                 counts.dead += 1;
             }
         }
@@ -172,7 +173,7 @@ impl<H: Handler> Applier<'_, H> {
                 Err(HandlerError::Reject(reason)) => {
                     rejections += 1;
                     if rejections < self.options.max_attempts {
-                        tokio::time::sleep(Duration::from_millis(20 * u64::from(rejections))).await;
+                        tokio::time::sleep(letters::rejection_pause(rejections)).await;
                         continue;
                     }
                     return self.set_aside(msg, Some(event), &reason, rejections, counts, shutdown).await;
@@ -204,85 +205,16 @@ impl<H: Handler> Applier<'_, H> {
         counts: &mut Counts,
         shutdown: &CancellationToken,
     ) -> bool {
-        let mut backoff = Backoff::new();
-        loop {
-            let stored = async {
-                let mut tx = self.db.begin().await?;
-                dead_letter::insert(&mut tx, &letter(self.subscription, msg, event, reason, attempts)).await?;
-                tx.commit().await?;
-                Ok::<(), StoreError>(())
-            }
-            .await;
-            match stored {
-                Ok(()) => {
-                    log_dead(self.subscription, msg, reason, attempts);
-                    counts.dead += 1;
-                    return true;
-                }
-                Err(e) => {
-                    error!(subscription = self.subscription, error = %e, "cannot store dead letter; pausing");
-                    Metrics::add(&self.metrics.retries, 1);
-                    if !backoff.wait(shutdown).await {
-                        return false;
-                    }
-                }
-            }
+        let identity = event.map(|e| (&e.key, e.event_type.as_str()));
+        let letter = letters::letter(self.subscription, msg, identity, reason, attempts);
+        let stored = letters::park(self.db, &letter, shutdown, || Metrics::add(&self.metrics.retries, 1)).await;
+        if stored {
+            counts.dead += 1;
         }
+        stored
     }
 }
 
 fn delivery(msg: &OwnedMessage) -> Delivery<'_> {
     Delivery { topic: msg.topic(), partition: msg.partition(), offset: msg.offset() }
-}
-
-fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
-    msg.headers()
-        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-        .unwrap_or_default()
-}
-
-fn letter<'a>(
-    subscription: &'a str,
-    msg: &'a OwnedMessage,
-    event: Option<&'a DecodedEvent>,
-    reason: &'a str,
-    attempts: u32,
-) -> NewDeadLetter<'a> {
-    NewDeadLetter {
-        subscription,
-        key: event.map(|e| &e.key),
-        event_type: event.map(|e| e.event_type.as_str()),
-        topic: msg.topic(),
-        partition: msg.partition(),
-        offset: msg.offset(),
-        record_key: msg.key(),
-        headers: headers_of(msg),
-        value: msg.payload(),
-        error: reason,
-        attempts: i32::try_from(attempts).unwrap_or(i32::MAX),
-    }
-}
-
-fn log_dead(subscription: &str, msg: &OwnedMessage, reason: &str, attempts: u32) {
-    error!(subscription, topic = msg.topic(), partition = msg.partition(), offset = msg.offset(), attempts, %reason,
-        "record dead-lettered; partition moves on");
-}
-
-/// Exponential backoff of retryable failures, cut short by shutdown.
-struct Backoff(Duration);
-
-impl Backoff {
-    fn new() -> Self {
-        Backoff(Duration::from_millis(100))
-    }
-
-    /// `false` if shutdown came first.
-    async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
-        let delay = self.0;
-        self.0 = (self.0 * 2).min(Duration::from_secs(10));
-        tokio::select! {
-            _ = shutdown.cancelled() => false,
-            _ = tokio::time::sleep(delay) => true,
-        }
-    }
 }

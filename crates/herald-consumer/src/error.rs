@@ -37,7 +37,8 @@ pub enum ProcessError {
     /// Retry the same record after a backoff; its offset is not committed.
     #[error("retryable: {0}")]
     Retryable(String),
-    /// Give up on this record and move on; its offset is committed.
+    /// Retrying gives the same answer: after a few tries the record is
+    /// dead-lettered (kept, redrivable after a fix) and its offset committed.
     #[error("permanent: {0}")]
     Permanent(String),
 }

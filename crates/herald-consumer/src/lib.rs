@@ -9,9 +9,12 @@
 //! - `batch` (private): one batch's transaction; permanent failures are
 //!   isolated record by record and dead-lettered after bounded retries;
 //!   retryable failures pause and retry, never dead-letter.
-//! - [`redrive`]: dead letters back through the same inbox and handler.
+//! - [`redrive`]: dead letters back through the same inbox and handler, or
+//!   the same [`Processor`].
 //! - [`runtime`]: the one-record-at-a-time loop of non-inbox [`Processor`]s
-//!   (the export worker, whose dedup is the job's state).
+//!   (the export worker, whose dedup is the job's state); permanent failures
+//!   are dead-lettered like a subscription's, retryable ones pause.
+//! - `letters` (private): the dead letter both runtimes write.
 //!
 //! Dedup window: a crash after the database commit and before the offset
 //! commit redelivers the batch; its inbox rows make the second delivery a
@@ -27,10 +30,11 @@ pub mod subscription;
 
 mod batch;
 mod error;
+mod letters;
 
 pub use error::{HandlerError, ProcessError, RunError};
 pub use handler::Handler;
 pub use metrics::{Metrics, Snapshot};
-pub use redrive::{Redriven, redrive, redrive_with};
-pub use runtime::{Processor, Subscription, run};
+pub use redrive::{Redriven, redrive, redrive_processor, redrive_with};
+pub use runtime::{Processed, Processor, Subscription, run};
 pub use subscription::{AfterCommit, Options, run_subscription};

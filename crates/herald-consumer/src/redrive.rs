@@ -2,6 +2,12 @@
 //! live records, in one transaction that also marks it redriven. A fact the
 //! inbox has already applied (redriven before, or redelivered and applied
 //! meanwhile) is not applied again.
+//!
+//! A letter of a [`Processor`] (the export worker) goes back through the
+//! processor itself; its effects span more than one transaction (an attempt
+//! starts, writes an artifact, completes), so the letter is marked after the
+//! processor returned, and the processor's own dedup absorbs the second run
+//! that a crash in between leads to.
 
 use herald_envelope::{Registry, decode_any_with};
 use herald_store::dead_letter::{self, DeadLetter};
@@ -9,7 +15,7 @@ use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 
-use crate::{Handler, HandlerError};
+use crate::{Handler, HandlerError, ProcessError, Processed, Processor};
 
 /// What a redrive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +92,30 @@ pub async fn redrive_with<H: Handler>(db: &Db, handler: &H, registry: &Registry,
         Err(HandlerError::Reject(reason)) => failed(db, letter, reason).await,
         Err(HandlerError::Retryable(reason)) => Ok(Redriven::Failed(format!("retryable, try again: {reason}"))),
     }
+}
+
+/// Redrives one dead letter of `processor`'s subscription: the record as it
+/// was read, handed to the processor again.
+pub async fn redrive_processor<P: Processor>(db: &Db, processor: &P, letter: &DeadLetter) -> Result<Redriven, StoreError> {
+    if letter.status != dead_letter::DEAD {
+        return Ok(Redriven::NotDead);
+    }
+    let processed = match processor.process(&record_of(letter)).await {
+        Ok(processed) => processed,
+        Err(ProcessError::Permanent(reason)) => return failed(db, letter, reason).await,
+        Err(ProcessError::Retryable(reason)) => return Ok(Redriven::Failed(format!("retryable, try again: {reason}"))),
+    };
+    let mut tx = db.begin().await?;
+    let marked = dead_letter::mark_redriven(&mut tx, letter.id).await?;
+    tx.commit().await?;
+    Ok(match (marked, processed) {
+        // Another redrive marked it first; the processor's dedup let only
+        // one of the two runs change anything.
+        (false, _) => Redriven::NotDead,
+        (true, Processed::Applied) => Redriven::Applied,
+        (true, Processed::Unchanged) => Redriven::AlreadyApplied,
+        (true, Processed::Ignored) => Redriven::NotHandled,
+    })
 }
 
 async fn failed(db: &Db, letter: &DeadLetter, reason: String) -> Result<Redriven, StoreError> {

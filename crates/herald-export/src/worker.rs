@@ -5,11 +5,11 @@
 
 use std::time::Duration;
 
-use herald_consumer::{ProcessError, Processor};
+use herald_consumer::{ProcessError, Processed, Processor};
 use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
 use herald_store::{Db, now_ms};
-use rdkafka::message::BorrowedMessage;
+use rdkafka::message::OwnedMessage;
 use tracing::{debug, info, warn};
 
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
@@ -18,7 +18,8 @@ use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::LeasePolicy;
 use crate::ExportError;
 
-/// Subscription name of the workers, and so consumer group `herald.export-workers`.
+/// Subscription name of the workers: consumer group `herald.export-workers`,
+/// and the scope of the commands they dead-letter.
 pub const SUBSCRIPTION: &str = "export-workers";
 
 /// How one command ended, for callers that drive the worker directly.
@@ -139,14 +140,19 @@ async fn keep_lease(db: &Db, attempt: &Attempt, policy: &LeasePolicy) {
 }
 
 impl Processor for ExportWorker {
-    async fn process(&self, msg: &BorrowedMessage<'_>) -> Result<(), ProcessError> {
+    /// A command that does not decode, or whose job the database refuses for
+    /// good, is permanent: the runtime dead-letters it. A command that ran an
+    /// attempt is applied; one whose job is finished or held by a live
+    /// attempt changed nothing, which is what a redrive reports.
+    async fn process(&self, msg: &OwnedMessage) -> Result<Processed, ProcessError> {
         let event = decode_record(msg).map_err(|e| ProcessError::Permanent(e.to_string()))?;
         if event.event_type != ExportRequested::EVENT_TYPE {
-            return Ok(());
+            return Ok(Processed::Ignored);
         }
         let command: ExportRequested = event.data_as().map_err(|e| ProcessError::Permanent(e.to_string()))?;
         match self.handle(&command.job_id).await {
-            Ok(_) => Ok(()),
+            Ok(Outcome::Skipped) => Ok(Processed::Unchanged),
+            Ok(_) => Ok(Processed::Applied),
             Err(e) if e.is_retryable() => Err(ProcessError::Retryable(e.to_string())),
             Err(e) => Err(ProcessError::Permanent(e.to_string())),
         }

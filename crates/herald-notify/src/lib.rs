@@ -2,11 +2,14 @@
 //!
 //! - [`intents`]: the `notify` subscription's handler: one intent per
 //!   (event, recipient) with a stable idempotency key.
-//! - [`rules`]: what an attempt's outcome means for the intent (no IO).
+//! - [`rules`]: what an attempt's outcome means for the intent, the provider's
+//!   status classes, key retention (no IO).
 //! - [`provider`]: the HTTP client and the provider's capabilities.
-//! - [`claims`]: owner/token/lease claims; final writes check the token.
+//! - [`claims`]: owner/token/lease claims on the database's clock; a
+//!   conditional renew before every call; final writes check the token.
 //! - [`dispatcher`]: claims due intents, calls the provider, records evidence.
-//! - [`reconcile`]: asks a queryable provider, or records an operator's decision.
+//! - [`reconcile`]: asks a queryable provider, records an operator's decision
+//!   or redrive.
 //! - [`sim`]: the reference receiver with a durable ledger and fault switches.
 //!
 //! Deduplicated: the provider effect, by the intent's idempotency key, at a

@@ -1,13 +1,15 @@
 //! The provider contract as seen from Herald: one HTTP call per attempt,
-//! always the same `Idempotency-Key` and the same body for one intent, and an
-//! honest classification of what the answer (or its absence) proves.
+//! always the same `Idempotency-Key` and the same body for one intent, and a
+//! faithful report of what came back (or that nothing did) — what it proves
+//! is decided by [`crate::rules`].
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 /// What Herald may assume about a provider. Configuration, not discovery:
-/// a provider that does not honour keys must never be treated as if it did.
+/// a provider that does not honour keys must never be treated as if it did,
+/// so every capability defaults to the cautious answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
     /// The provider collapses requests with the same `Idempotency-Key` and body.
@@ -16,32 +18,35 @@ pub struct Capabilities {
     pub key_retention: Duration,
     /// `GET /v1/notifications/{key}` answers whether the key was accepted.
     pub queryable: bool,
+    /// A 5xx answer means the provider did not execute the request. Few
+    /// providers promise this: a gateway can answer 502/504 after the
+    /// provider behind it executed.
+    pub server_errors_safe: bool,
 }
 
 impl Capabilities {
     pub fn keyed(key_retention: Duration) -> Capabilities {
-        Capabilities { honours_keys: true, key_retention, queryable: true }
+        Capabilities { honours_keys: true, key_retention, queryable: true, server_errors_safe: false }
     }
 
     pub fn unkeyed() -> Capabilities {
-        Capabilities { honours_keys: false, key_retention: Duration::ZERO, queryable: false }
+        Capabilities { honours_keys: false, key_retention: Duration::ZERO, queryable: false, server_errors_safe: false }
     }
 }
 
-/// What one call proved.
+/// What one call proved; [`crate::rules`] decides what it means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendOutcome {
     /// 2xx with a receipt: the provider accepted this key and body.
     Accepted { receipt: String },
-    /// 409: the key is taken by another body; the old effect stands.
-    Conflict { detail: String },
-    /// Another 4xx: the provider refuses this request for good.
-    Rejected { status: u16, detail: String },
+    /// Any other status, read whole. `retry_after`: the provider's
+    /// `Retry-After`, as a delay.
+    Answered { status: u16, retry_after: Option<Duration>, detail: String },
     /// The request provably did not reach the provider (connection refused,
-    /// no route) or the provider said it did not process it (5xx): resend.
+    /// no route).
     NotSent { reason: String },
     /// The request may have arrived and been executed; no answer proves either
-    /// way (timeout, reset, unreadable answer).
+    /// way (timeout, reset, unreadable answer, 2xx without a receipt).
     Unknown { reason: String },
 }
 
@@ -62,12 +67,18 @@ pub struct ReceiptBody {
 pub struct ProviderClient {
     http: reqwest::Client,
     base: String,
+    timeout: Duration,
 }
 
 impl ProviderClient {
     pub fn new(base_url: &str, timeout: Duration) -> Result<ProviderClient, reqwest::Error> {
         let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout.min(Duration::from_secs(5))).build()?;
-        Ok(ProviderClient { http, base: base_url.trim_end_matches('/').to_owned() })
+        Ok(ProviderClient { http, base: base_url.trim_end_matches('/').to_owned(), timeout })
+    }
+
+    /// The longest one call lasts, connecting and reading the answer included.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     pub fn base_url(&self) -> &str {
@@ -91,12 +102,13 @@ impl ProviderClient {
             Err(e) => return SendOutcome::Unknown { reason: e.to_string() },
         };
         let status = response.status();
+        let retry_after = retry_after_of(response.headers());
         let text = match response.text().await {
             Ok(text) => text,
             // The status line came but the answer did not: no evidence of success.
             Err(e) => return SendOutcome::Unknown { reason: format!("{status} with unreadable body: {e}") },
         };
-        classify(status.as_u16(), text)
+        classify(status.as_u16(), retry_after, text)
     }
 
     /// Asks a queryable provider whether it accepted `key`.
@@ -118,16 +130,37 @@ impl ProviderClient {
     }
 }
 
-fn classify(status: u16, text: String) -> SendOutcome {
-    match status {
-        200..=299 => match serde_json::from_str::<ReceiptBody>(&text) {
-            Ok(body) if !body.receipt.is_empty() => SendOutcome::Accepted { receipt: body.receipt },
-            _ => SendOutcome::Unknown { reason: format!("{status} without a receipt: {text}") },
-        },
-        409 => SendOutcome::Conflict { detail: text },
-        400..=499 => SendOutcome::Rejected { status, detail: text },
-        _ => SendOutcome::NotSent { reason: format!("provider answered {status}: {text}") },
+fn classify(status: u16, retry_after: Option<Duration>, text: String) -> SendOutcome {
+    if !(200..=299).contains(&status) {
+        return SendOutcome::Answered { status, retry_after, detail: text };
     }
+    match serde_json::from_str::<ReceiptBody>(&text) {
+        Ok(body) if !body.receipt.is_empty() => SendOutcome::Accepted { receipt: body.receipt },
+        _ => SendOutcome::Unknown { reason: format!("{status} without a receipt: {text}") },
+    }
+}
+
+/// `Retry-After` as a delay. A date is measured against the answer's own
+/// `Date` (the provider's clock, which set it), else against ours.
+fn retry_after_of(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let text = |name| headers.get(name).and_then(|v| v.to_str().ok());
+    let reference = text(reqwest::header::DATE).and_then(parse_http_date).unwrap_or_else(herald_store::now_ms);
+    parse_retry_after(text(reqwest::header::RETRY_AFTER)?, reference)
+}
+
+/// Delay-seconds or an HTTP-date (RFC 9110 §10.2.3); a date in the past is
+/// no delay. `reference_ms`: "now" for a date.
+pub fn parse_retry_after(value: &str, reference_ms: i64) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = parse_http_date(value)?;
+    Some(Duration::from_millis(u64::try_from(at.saturating_sub(reference_ms)).unwrap_or(0)))
+}
+
+fn parse_http_date(value: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc2822(value.trim()).ok().map(|t| t.timestamp_millis())
 }
 
 #[cfg(test)]
@@ -136,16 +169,27 @@ mod tests {
 
     #[test]
     fn only_a_receipt_is_evidence_of_success() {
-        assert_eq!(classify(200, r#"{"receipt":"r1"}"#.into()), SendOutcome::Accepted { receipt: "r1".into() });
-        assert!(matches!(classify(200, "ok".into()), SendOutcome::Unknown { .. }));
-        assert!(matches!(classify(201, r#"{"receipt":""}"#.into()), SendOutcome::Unknown { .. }));
+        assert_eq!(classify(200, None, r#"{"receipt":"r1"}"#.into()), SendOutcome::Accepted { receipt: "r1".into() });
+        assert!(matches!(classify(200, None, "ok".into()), SendOutcome::Unknown { .. }));
+        assert!(matches!(classify(201, None, r#"{"receipt":""}"#.into()), SendOutcome::Unknown { .. }));
     }
 
     #[test]
-    fn conflict_rejection_and_server_errors_are_told_apart() {
-        assert!(matches!(classify(409, "taken".into()), SendOutcome::Conflict { .. }));
-        assert!(matches!(classify(422, "bad".into()), SendOutcome::Rejected { status: 422, .. }));
-        assert!(matches!(classify(503, "busy".into()), SendOutcome::NotSent { .. }));
+    fn other_statuses_are_reported_whole_for_the_rules() {
+        let wait = Some(Duration::from_secs(3));
+        assert_eq!(classify(429, wait, "busy".into()), SendOutcome::Answered { status: 429, retry_after: wait, detail: "busy".into() });
+        assert!(matches!(classify(503, None, r#"{"receipt":"r1"}"#.into()), SendOutcome::Answered { status: 503, .. }));
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        assert_eq!(parse_retry_after(" 120 ", 0), Some(Duration::from_secs(120)));
+        let date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let at = parse_http_date(date).expect("IMF-fixdate");
+        assert_eq!(at, 784_111_777_000);
+        assert_eq!(parse_retry_after(date, at - 90_000), Some(Duration::from_secs(90)));
+        assert_eq!(parse_retry_after(date, at + 5_000), Some(Duration::ZERO), "a date in the past is no delay");
+        assert_eq!(parse_retry_after("soon", 0), None);
     }
 
     #[tokio::test]

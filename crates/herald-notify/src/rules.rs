@@ -2,11 +2,23 @@
 //!
 //! The two promises: never mark `sent` without a receipt, and never resend on
 //! our own to a provider that cannot collapse duplicates after an attempt that
-//! may have reached it.
+//! may have reached it. Times are the database's clock (see `claims`).
+//!
+//! Status classes ([`status_class`]; ARCHITECTURE.md has the same table):
+//!
+//! | provider answered | class | the intent |
+//! |---|---|---|
+//! | 2xx with a receipt | accepted | `sent` |
+//! | 409 | conflict | `conflict`: the key's earlier effect stands |
+//! | 429, 408, 425 | retry later | not executed: retried with the same key, not before `Retry-After` |
+//! | 401, 403 | credentials | untouched; the dispatcher pauses and reports a configuration problem |
+//! | other 4xx | refused | `failed`; `herald notify redrive` requeues it |
+//! | 5xx | server error | may have executed: keyed → retried with the key inside its retention; unkeyed → `unknown`; declared 5xx-safe → retried |
+//! | anything else | unrecognised | may have executed, like a timeout |
 
 use std::time::Duration;
 
-use crate::provider::{Capabilities, SendOutcome};
+use crate::provider::{Capabilities, KeyStatus, SendOutcome};
 
 pub const PENDING: &str = "pending";
 pub const SENT: &str = "sent";
@@ -42,6 +54,46 @@ impl Transition {
     }
 }
 
+/// What the dispatcher does with an attempt's outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Record the transition. `may_have_executed`: from now on a resend may
+    /// be a second effect unless the provider still remembers the key.
+    Record { transition: Transition, may_have_executed: bool },
+    /// Leave the intent as it was before the attempt and pause dispatching:
+    /// the provider refused Herald itself, not this notification.
+    Untouched { reason: String },
+}
+
+/// How Herald reads a provider's HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusClass {
+    Accepted,
+    Conflict,
+    /// Not executed; come back later (429, 408, 425).
+    RetryLater,
+    /// Herald's credentials were refused (401, 403).
+    Credentials,
+    /// This request is refused for good (other 4xx).
+    Refused,
+    /// The provider failed; it may have executed before failing (5xx).
+    ServerError,
+    /// Nothing Herald can read an outcome from.
+    Unrecognised,
+}
+
+pub fn status_class(status: u16) -> StatusClass {
+    match status {
+        200..=299 => StatusClass::Accepted,
+        409 => StatusClass::Conflict,
+        408 | 425 | 429 => StatusClass::RetryLater,
+        401 | 403 => StatusClass::Credentials,
+        400..=499 => StatusClass::Refused,
+        500..=599 => StatusClass::ServerError,
+        _ => StatusClass::Unrecognised,
+    }
+}
+
 /// Retry timing and budget.
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
@@ -58,98 +110,138 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     fn delay_ms(&self, attempts: i32) -> i64 {
-        let base = i64::try_from(self.base_backoff.as_millis()).unwrap_or(i64::MAX);
-        let cap = i64::try_from(self.max_backoff.as_millis()).unwrap_or(i64::MAX);
+        let base = millis(self.base_backoff);
+        let cap = millis(self.max_backoff);
         let exponent = u32::try_from(attempts.saturating_sub(1)).unwrap_or(0).min(20);
         base.saturating_mul(1 << exponent).min(cap)
     }
 }
 
-/// An attempt as the rules need to see it.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// An intent's history as the rules need to see it.
 #[derive(Debug, Clone, Copy)]
 pub struct AttemptFacts {
-    /// Attempts made, this one included.
+    /// Attempts made, the one being judged included.
     pub attempts: i32,
     /// When the first attempt went out; key retention counts from there.
     pub first_attempt_at_ms: i64,
+    /// The database's clock.
     pub now_ms: i64,
+    /// An earlier attempt may have reached the provider without an answer.
+    pub earlier_may_have_executed: bool,
 }
 
-pub fn after_attempt(outcome: SendOutcome, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Transition {
-    match outcome {
-        SendOutcome::Accepted { receipt } => Transition::Sent { receipt },
-        SendOutcome::Conflict { detail } => Transition::Conflict { detail },
-        SendOutcome::Rejected { status, detail } => Transition::Failed { detail: format!("{status}: {detail}") },
-        SendOutcome::NotSent { reason } if facts.attempts >= policy.max_attempts => Transition::Dead { reason },
-        SendOutcome::NotSent { reason } => Transition::Retry { at_ms: facts.now_ms + policy.delay_ms(facts.attempts), reason },
-        SendOutcome::Unknown { reason } => maybe_delivered(reason, caps, policy, facts),
+/// Whether the provider still remembers a key first sent at `first_attempt_at_ms`.
+/// Counting from the first attempt is the cautious end: the provider can
+/// only have learnt the key at or after it.
+pub fn inside_retention(caps: &Capabilities, first_attempt_at_ms: i64, at_ms: i64) -> bool {
+    caps.honours_keys && at_ms < first_attempt_at_ms.saturating_add(millis(caps.key_retention))
+}
+
+/// Before a call: `Some` when an earlier attempt may have executed and a new
+/// call could be a second effect — the intent becomes that instead.
+pub fn before_call(caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Option<Transition> {
+    if !facts.earlier_may_have_executed {
+        return None;
     }
+    let reason = "an earlier attempt may have reached the provider without an answer";
+    if !caps.honours_keys {
+        return Some(Transition::Unknown { reason: format!("{reason}; the provider does not honour keys") });
+    }
+    if !inside_retention(caps, facts.first_attempt_at_ms, facts.now_ms) {
+        return Some(Transition::Unknown { reason: format!("{reason}; the provider's key retention has passed") });
+    }
+    if facts.attempts >= policy.max_attempts {
+        return Some(Transition::Unknown { reason: format!("{reason}; retry budget spent") });
+    }
+    None
+}
+
+pub fn after_attempt(outcome: SendOutcome, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Verdict {
+    let earlier = facts.earlier_may_have_executed;
+    let record = |transition| Verdict::Record { transition, may_have_executed: earlier };
+    match outcome {
+        SendOutcome::Accepted { receipt } => record(Transition::Sent { receipt }),
+        SendOutcome::NotSent { reason } => record(not_executed(reason, None, caps, policy, facts)),
+        SendOutcome::Unknown { reason } => maybe_delivered(reason, caps, policy, facts),
+        SendOutcome::Answered { status, retry_after, detail } => {
+            let what = format!("{status}: {detail}");
+            match status_class(status) {
+                StatusClass::Conflict => record(Transition::Conflict { detail }),
+                StatusClass::RetryLater => record(not_executed(what, retry_after, caps, policy, facts)),
+                StatusClass::Credentials => Verdict::Untouched { reason: what },
+                StatusClass::Refused => record(Transition::Failed { detail: what }),
+                StatusClass::ServerError if caps.server_errors_safe => record(not_executed(what, None, caps, policy, facts)),
+                // A 2xx reaches here only without a receipt: no evidence either way.
+                StatusClass::ServerError | StatusClass::Accepted | StatusClass::Unrecognised => maybe_delivered(what, caps, policy, facts),
+            }
+        }
+    }
+}
+
+/// The provider did not execute this attempt: retry, not before `retry_after`
+/// — unless an earlier attempt may have executed and the retry would fall
+/// past the key's retention, where a resend could be a second effect.
+fn not_executed(reason: String, retry_after: Option<Duration>, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Transition {
+    if facts.attempts >= policy.max_attempts {
+        return Transition::Dead { reason };
+    }
+    let delay = policy.delay_ms(facts.attempts).max(retry_after.map_or(0, millis));
+    let at_ms = facts.now_ms.saturating_add(delay);
+    if facts.earlier_may_have_executed && !inside_retention(caps, facts.first_attempt_at_ms, at_ms) {
+        return Transition::Unknown { reason: format!("{reason}; an earlier attempt may have executed and a retry would fall past key retention") };
+    }
+    Transition::Retry { at_ms, reason }
 }
 
 /// An attempt that may have reached the provider. Resending is safe only to a
 /// provider that collapses the key, and only while it still remembers it.
-pub fn maybe_delivered(reason: String, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Transition {
-    let retention_ms = i64::try_from(caps.key_retention.as_millis()).unwrap_or(i64::MAX);
-    let next = facts.now_ms + policy.delay_ms(facts.attempts);
-    let inside_retention = next < facts.first_attempt_at_ms.saturating_add(retention_ms);
-    if caps.honours_keys && inside_retention && facts.attempts < policy.max_attempts {
+pub fn maybe_delivered(reason: String, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Verdict {
+    let next = facts.now_ms.saturating_add(policy.delay_ms(facts.attempts));
+    let transition = if inside_retention(caps, facts.first_attempt_at_ms, next) && facts.attempts < policy.max_attempts {
         Transition::Retry { at_ms: next, reason }
+    } else if caps.honours_keys {
+        Transition::Unknown { reason: format!("{reason}; a retry would fall past key retention or the retry budget") }
     } else {
-        Transition::Unknown { reason }
+        Transition::Unknown { reason: format!("{reason}; the provider does not honour keys, so it is never resent without an operator") }
+    };
+    Verdict::Record { transition, may_have_executed: true }
+}
+
+/// What a provider's answer about an `unknown` intent's key settles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueryVerdict {
+    Sent { receipt: String },
+    /// Provably never executed: send again with the same key.
+    Requeue,
+    /// Not found, but the provider may have forgotten the key: proves nothing.
+    PastRetention { reason: String },
+    StaysUnknown { reason: String },
+}
+
+/// A 404 proves "never executed" only while the provider would still
+/// remember the key had it executed it.
+pub fn after_query(answer: KeyStatus, caps: &Capabilities, first_attempt_at_ms: Option<i64>, now_ms: i64) -> QueryVerdict {
+    match (answer, first_attempt_at_ms) {
+        (KeyStatus::Accepted { receipt }, _) => QueryVerdict::Sent { receipt },
+        (KeyStatus::NotFound, _) if !caps.honours_keys => {
+            QueryVerdict::StaysUnknown { reason: "the provider does not honour keys: not found proves nothing".into() }
+        }
+        (KeyStatus::NotFound, None) => QueryVerdict::StaysUnknown { reason: "no first attempt recorded: retention cannot be checked".into() },
+        (KeyStatus::NotFound, Some(first)) if inside_retention(caps, first, now_ms) => QueryVerdict::Requeue,
+        (KeyStatus::NotFound, Some(first)) => QueryVerdict::PastRetention {
+            reason: format!(
+                "provider does not know the key, but its key retention ({:?}) counted from the first attempt ended at {} ms: \
+                 not found no longer proves it never executed; a resend may duplicate",
+                caps.key_retention,
+                first.saturating_add(millis(caps.key_retention))
+            ),
+        },
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn facts(attempts: i32) -> AttemptFacts {
-        AttemptFacts { attempts, first_attempt_at_ms: 0, now_ms: 1_000 }
-    }
-
-    fn unknown() -> SendOutcome {
-        SendOutcome::Unknown { reason: "timeout".into() }
-    }
-
-    #[test]
-    fn given_a_receipt_then_sent_and_nothing_else_is_sent() {
-        let caps = Capabilities::keyed(Duration::from_secs(3600));
-        let p = RetryPolicy::default();
-        assert_eq!(after_attempt(SendOutcome::Accepted { receipt: "r".into() }, &caps, &p, facts(1)).status(), SENT);
-        for outcome in [unknown(), SendOutcome::NotSent { reason: "refused".into() }] {
-            assert_ne!(after_attempt(outcome, &caps, &p, facts(1)).status(), SENT);
-        }
-    }
-
-    #[test]
-    fn given_a_keyed_provider_when_the_answer_is_lost_then_retry_inside_retention_only() {
-        let p = RetryPolicy::default();
-        let long = Capabilities::keyed(Duration::from_secs(3600));
-        assert!(matches!(after_attempt(unknown(), &long, &p, facts(1)), Transition::Retry { .. }));
-        let short = Capabilities::keyed(Duration::from_millis(1_200));
-        assert_eq!(after_attempt(unknown(), &short, &p, facts(1)).status(), UNKNOWN, "retry would land past retention");
-    }
-
-    #[test]
-    fn given_an_unkeyed_provider_when_the_answer_is_lost_then_never_resend() {
-        let t = after_attempt(unknown(), &Capabilities::unkeyed(), &RetryPolicy::default(), facts(1));
-        assert_eq!(t.status(), UNKNOWN);
-    }
-
-    #[test]
-    fn given_conflict_or_rejection_then_no_success_and_no_retry() {
-        let caps = Capabilities::keyed(Duration::from_secs(60));
-        let p = RetryPolicy::default();
-        assert_eq!(after_attempt(SendOutcome::Conflict { detail: "x".into() }, &caps, &p, facts(1)).status(), CONFLICT);
-        assert_eq!(after_attempt(SendOutcome::Rejected { status: 400, detail: "x".into() }, &caps, &p, facts(1)).status(), FAILED);
-    }
-
-    #[test]
-    fn given_the_provider_keeps_refusing_then_dead_after_the_budget() {
-        let p = RetryPolicy { max_attempts: 3, ..RetryPolicy::default() };
-        let caps = Capabilities::unkeyed();
-        let refused = || SendOutcome::NotSent { reason: "refused".into() };
-        assert!(matches!(after_attempt(refused(), &caps, &p, facts(2)), Transition::Retry { at_ms: 2_000, .. }));
-        assert_eq!(after_attempt(refused(), &caps, &p, facts(3)).status(), DEAD);
-    }
-}
+mod tests;

@@ -2,7 +2,7 @@
 
 use herald::lifecycle_args::LifecycleArgs;
 use herald::pipeline::Roles;
-use herald::notify_args::{NotifyArgs, hook_from_env};
+use herald::notify_args::{InvalidNotifyArgs, NotifyArgs, hook_from_env};
 use herald::{bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status, config, demo, drill, pipeline};
 
 use std::process::ExitCode;
@@ -74,7 +74,7 @@ enum Command {
         #[command(flatten)]
         notify: NotifyArgs,
     },
-    /// Reconcile notifications whose outcome is unknown.
+    /// Reconcile notifications whose outcome is unknown; redrive failed and conflicting ones.
     Notify(cmd_notify::NotifyCmdArgs),
     /// A reference notification receiver with a durable ledger and fault switches.
     ProviderSim(cmd_provider_sim::ProviderSimArgs),
@@ -127,8 +127,8 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
-        // An operator's decision, not a failure: exit 2 like bad input.
-        Err(e) if e.downcast_ref::<herald::notify_start::Refused>().is_some() => {
+        // An operator's decision, or flags that contradict each other: exit 2 like bad input.
+        Err(e) if e.downcast_ref::<herald::notify_start::Refused>().is_some() || e.downcast_ref::<InvalidNotifyArgs>().is_some() => {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
@@ -192,13 +192,19 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     options.notify_start_at = notify_start_at;
+    if let (true, Some(notify)) = (roles.dispatcher, notify) {
+        notify.validate()?;
+    }
     let env = backends.resolve().await?;
     if let (true, Some(notify)) = (roles.dispatcher, notify) {
-        let url = match &notify.notify_url {
-            Some(url) => url.clone(),
-            None => env.start_embedded_provider(Default::default()).await?,
+        let (url, caps) = match &notify.notify_url {
+            Some(url) => (url.clone(), notify.capabilities()),
+            None => {
+                let embedded = env.start_embedded_provider(Default::default()).await?;
+                (embedded.url, embedded.caps)
+            }
         };
-        let (client, config) = notify.dispatcher(&url)?;
+        let (client, config) = notify.dispatcher(&url, caps)?;
         options.dispatch = Some(pipeline::Dispatch { client, config, hook: hook_from_env() });
     }
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;

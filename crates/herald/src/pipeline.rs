@@ -278,10 +278,10 @@ fn spawn_worker_roles(
         Ok(())
     });
     let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&topics.commands]);
-    let worker = ExportWorker::new(db, topics, artifacts, policy, options.faults.clone());
+    let worker = ExportWorker::new(db.clone(), topics, artifacts, policy, options.faults.clone());
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
-        herald_consumer::run(&subscription, &worker, shutdown).await?;
+        herald_consumer::run(&subscription, &db, &worker, shutdown).await?;
         Ok(())
     });
 }

@@ -16,110 +16,37 @@
 //!   database no longer has (`no_outbox_row`, naming the id) and the job has
 //!   lost its completion event (`missing_completion`).
 
-use std::process::Command;
-use std::time::Duration;
+mod audit_support;
 
-use herald::pipeline::{self, Dispatch, Options, Roles, Wiring};
-use herald_api::Tokens;
-use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
+use std::process::Command;
+
+use audit_support::{CHECKS, Pipeline, Ran, all_ran, failing, named, one};
 use herald_kafka::{EmbeddedKafka, Topics};
-use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
-use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
 use herald_store::Db;
 use herald_testkit::unique;
-use serde_json::Value;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
 const EXPORTS: i64 = 12;
 
-struct Ran {
-    url: String,
-    brokers: String,
-    prefix: String,
-    artifacts: String,
-    provider: String,
-}
-
-impl Ran {
-    fn audit(&self) -> anyhow::Result<(Option<i32>, Value)> {
-        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args(["audit", "--json", "--database", &self.url, "--kafka", &self.brokers, "--topic-prefix", &self.prefix])
-            .args(["--artifacts", &self.artifacts, "--notify-url", &self.provider])
-            .env_remove("HERALD_DATABASE_URL")
-            .output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let report = serde_json::from_str(&stdout)
-            .map_err(|e| anyhow::anyhow!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))?;
-        Ok((out.status.code(), report))
-    }
-}
-
-fn violations<'a>(report: &'a Value, check: &str) -> Vec<&'a Value> {
-    report["checks"].as_array().into_iter().flatten().filter(|c| c["check"] == check).flat_map(|c| c["violations"].as_array().into_iter().flatten()).collect()
-}
-
-fn named(report: &Value, check: &str, kind: &str, needle: &str) -> bool {
-    violations(report, check).iter().any(|v| v["kind"] == kind && v["detail"].as_str().is_some_and(|d| d.contains(needle)))
-}
-
-async fn one(db: &Db, sql: &str) -> anyhow::Result<String> {
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get(0)?)
-}
-
-async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get(0)?)
-}
-
-/// Runs the whole pipeline (relay, worker, subscriptions, dispatcher to a
-/// keyed simulator) until every export is searchable and notified, stops it.
+/// Runs the whole pipeline until every export is searchable, counted and
+/// notified, then stops it.
 async fn run_pipeline(url: &str, brokers: &str, topics: &Topics, artifacts: &str, ledger: &str) -> anyhow::Result<(Db, String, CancellationToken)> {
-    let db = Db::connect_and_migrate(url).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let provider = format!("http://{}", listener.local_addr()?);
-    let sim_stop = CancellationToken::new();
-    let config = SimConfig { mode: Mode::Keyed, key_retention: Duration::from_secs(3600) };
-    tokio::spawn(sim::serve(listener, Ledger::open(ledger).await?, config, FaultSwitches::default(), sim_stop.clone()));
-    let wiring = Wiring {
-        db: db.clone(),
-        brokers: brokers.to_owned(),
-        topics: topics.clone(),
-        group_prefix: unique("herald"),
-        artifacts: artifacts.to_owned(),
-        tokens: Tokens::single("t", "alice"),
-    };
-    let dispatch = Dispatch {
-        client: ProviderClient::new(&provider, Duration::from_secs(5))?,
-        config: DispatcherConfig { idle_wait: Duration::from_millis(50), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) },
-        hook: AfterResponseHook::default(),
-    };
-    let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };
-    let running = pipeline::start_roles(wiring, roles, Options { dispatch: Some(dispatch), ..Options::default() }).await?;
-    let intake = IntakeConfig::new(topics.clone());
-    for i in 0..EXPORTS {
-        let request = ExportRequest { format: if i % 2 == 0 { Format::Csv } else { Format::Json }, query: format!("audit {i}") };
-        jobs::submit(&db, &intake, "alice", &format!("k{i}"), &request).await?;
+    let pipeline = Pipeline::start(url, brokers, topics, artifacts, ledger).await?;
+    let queries: Vec<String> = (0..EXPORTS).map(|i| format!("audit {i}")).collect();
+    let settled = async {
+        pipeline.submit(&queries).await?;
+        let each = [
+            ("SELECT COUNT(*) FROM search_documents", EXPORTS),
+            ("SELECT COUNT(*) FROM notification_intents WHERE status = 'sent'", EXPORTS),
+            ("SELECT COUNT(*) FROM inbox WHERE subscription = 'stats'", EXPORTS),
+        ];
+        pipeline.settle(&each).await
     }
-    let settled = [
-        "SELECT COUNT(*) FROM search_documents",
-        "SELECT COUNT(*) FROM notification_intents WHERE status = 'sent'",
-        "SELECT COUNT(*) FROM inbox WHERE subscription = 'stats'",
-    ];
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let mut done = count(&db, "SELECT COUNT(*) FROM outbox WHERE status <> 'delivered'").await? == 0;
-        for sql in settled {
-            done &= count(&db, sql).await? == EXPORTS;
-        }
-        if done {
-            break;
-        }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "pipeline did not settle");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    running.stop().await?;
-    Ok((db, provider, sim_stop))
+    .await;
+    let stopped = pipeline.stop().await?;
+    settled?;
+    Ok(stopped)
 }
 
 async fn audit_then_tamper(url: &str, brokers: &str, topics: &Topics, prefix: &str) -> anyhow::Result<()> {
@@ -132,10 +59,8 @@ async fn audit_then_tamper(url: &str, brokers: &str, topics: &Topics, prefix: &s
     let (code, report) = ran.audit()?;
     assert_eq!(code, Some(0), "a clean run audits clean: {report:#}");
     assert_eq!(report["violations"], 0);
-    for check in ["outbox_in_kafka", "key_order", "inbox_once", "search_matches_jobs", "job_completion", "notify_effects"] {
-        let c = report["checks"].as_array().and_then(|cs| cs.iter().find(|c| c["check"] == check)).cloned().unwrap_or_default();
-        assert!(c["ran"] == true && c["checked"].as_u64().unwrap_or(0) > 0, "{check} looked at something: {c}");
-    }
+    assert_eq!(report["checks"].as_array().map(Vec::len), Some(CHECKS.len()));
+    all_ran(&report, &CHECKS)?;
 
     // 1. A search document disappears.
     let doc_job = one(&db, "SELECT MIN(job_id) FROM search_documents").await?;
@@ -144,6 +69,7 @@ async fn audit_then_tamper(url: &str, brokers: &str, topics: &Topics, prefix: &s
     assert_eq!(code, Some(1));
     assert!(named(&report, "search_matches_jobs", "missing_document", &doc_job), "{report:#}");
     assert_eq!(report["violations"], 1, "{report:#}");
+    assert_eq!(failing(&report), ["search_matches_jobs"]);
 
     // 2. One completion has two stats inbox rows (the second under a legacy alias).
     let dup_event = one(&db, "SELECT MAX(event_id) FROM inbox WHERE subscription = 'stats'").await?;
@@ -159,6 +85,7 @@ async fn audit_then_tamper(url: &str, brokers: &str, topics: &Topics, prefix: &s
     assert_eq!(code, Some(1));
     assert!(named(&report, "inbox_once", "duplicate_inbox_row", &dup_event), "{report:#}");
     assert_eq!(report["violations"], 2, "{report:#}");
+    assert_eq!(failing(&report), ["inbox_once", "search_matches_jobs"], "the alias row is one fact to the stats check");
 
     // 3. A delivered completion's outbox row is deleted.
     let (lost_event, lost_job): (String, String) = {

@@ -29,7 +29,7 @@ fn demo_json_reports_every_check_passed() {
     assert_eq!(named("rebuild verified and switched reads"), 1, "the scenario rebuilds search and switches");
     assert_eq!(named("replay sent no notification"), 1);
     assert_eq!(named("crashed worker's job taken over once"), 1);
-    assert_eq!(named("audit "), 6, "the demo ends with every audit check");
+    assert_eq!(named("audit "), 11, "the demo ends with every audit check");
     let audit = &report["audit"];
     assert_eq!(audit["violations"], 0, "{audit:#}");
     assert!(audit["checks"].as_array().is_some_and(|cs| cs.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0))), "{audit:#}");

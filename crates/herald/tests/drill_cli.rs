@@ -41,7 +41,7 @@ fn short_drill_passes_with_zero_violations() {
     assert!(load["conflicts_409"].as_u64() > Some(0) && load["conflicts_409"] == load["conflicts"], "{load:#}");
     assert!(report["totals"]["jobs_succeeded"].as_u64() > Some(100));
     let checks = report["audit"]["checks"].as_array().expect("audit checks");
-    assert_eq!(checks.len(), 6);
+    assert_eq!(checks.len(), 11);
     assert!(checks.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0)), "{checks:#?}");
 }
 

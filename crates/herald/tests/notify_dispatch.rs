@@ -258,8 +258,8 @@ async fn same_key_different_body_already_at_the_receiver() -> anyhow::Result<()>
     receiver.proc.kill().await
 }
 
-fn in_process(db: &Db, url: &str, lease: Duration) -> anyhow::Result<Dispatcher> {
-    let client = ProviderClient::new(url, Duration::from_secs(30))?;
+fn in_process(db: &Db, url: &str, lease: Duration, timeout: Duration) -> anyhow::Result<Dispatcher> {
+    let client = ProviderClient::new(url, timeout)?;
     let config = DispatcherConfig { lease, idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) };
     Ok(Dispatcher::new(db.clone(), client, config, AfterResponseHook::default()))
 }
@@ -284,7 +284,8 @@ async fn two_dispatchers_and_a_paused_provider_make_one_call() -> anyhow::Result
     let s = setup(BODY).await?;
     let mut paused = Proc::spawn(&["provider-sim", "--mode", "keyed", "--ledger", &s.ledger(), "--listen", "127.0.0.1:0", "--pause"], &[])?;
     let url = paused.line("provider-sim listening on ").await?.trim_start_matches("provider-sim listening on ").to_owned();
-    let (a, b) = (in_process(&s.db, &url, Duration::from_secs(60))?, in_process(&s.db, &url, Duration::from_secs(60))?);
+    let (lease, timeout) = (Duration::from_secs(60), Duration::from_secs(30));
+    let (a, b) = (in_process(&s.db, &url, lease, timeout)?, in_process(&s.db, &url, lease, timeout)?);
     let stop = CancellationToken::new();
     let (stop_a, stop_b) = (stop.clone(), stop.clone());
     let run_a = tokio::spawn(async move { a.run(stop_a).await });
@@ -304,8 +305,9 @@ async fn cancelled_before_acceptance_keeps_the_lease_then_is_reclaimed_with_the_
     let s = setup(BODY).await?;
     let mut paused = Proc::spawn(&["provider-sim", "--mode", "keyed", "--ledger", &s.ledger(), "--listen", "127.0.0.1:0", "--pause"], &[])?;
     let url = paused.line("provider-sim listening on ").await?.trim_start_matches("provider-sim listening on ").to_owned();
-    let lease = Duration::from_millis(800);
-    let a = in_process(&s.db, &url, lease)?;
+    // The held call must not time out before the test cancels it.
+    let (lease, timeout) = (Duration::from_secs(3), Duration::from_secs(2));
+    let a = in_process(&s.db, &url, lease, timeout)?;
     let stop_a = CancellationToken::new();
     let run_a = {
         let stop = stop_a.clone();
@@ -321,7 +323,7 @@ async fn cancelled_before_acceptance_keeps_the_lease_then_is_reclaimed_with_the_
     let token: Option<String> = row.try_get("claim_token")?;
     let expires: i64 = row.try_get("claim_expires_at_ms")?;
     assert!(token.is_some(), "the cancelled call's claim is kept");
-    let b = in_process(&s.db, &url, lease)?;
+    let b = in_process(&s.db, &url, lease, timeout)?;
     assert_eq!(b.dispatch_once(&CancellationToken::new()).await?, 0, "nobody reclaims before the lease expires");
     while now_ms() <= expires {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -347,7 +349,10 @@ async fn cancelled_before_acceptance_keeps_the_lease_then_is_reclaimed_with_the_
 async fn reconcile_asks_a_queryable_provider_about_unknown_intents() -> anyhow::Result<()> {
     let s = setup(BODY).await?;
     seed(&s.db, "ntf_never_arrived", BODY).await?;
-    sqlx::query("UPDATE notification_intents SET status = 'unknown', attempts = 1").execute(s.db.pool()).await?;
+    // Both first attempted just now: well inside the provider's key retention.
+    sqlx::query(&format!("UPDATE notification_intents SET status = 'unknown', attempts = 1, may_have_executed = 1, first_attempt_at_ms = {}", s.db.now_sql()))
+        .execute(s.db.pool())
+        .await?;
     let receiver = start_receiver("keyed", &s.ledger(), "127.0.0.1:0").await?;
     // The provider did get KEY (the answer was lost), never the other one.
     let accepted = reqwest::Client::new()
@@ -359,6 +364,7 @@ async fn reconcile_asks_a_queryable_provider_about_unknown_intents() -> anyhow::
     assert_eq!(accepted.status(), 200);
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["notify", "reconcile", "--database", &s.test_db.url, "--notify-url", &receiver.url, "--json"])
+        .args(["--notify-idempotent", "true", "--notify-queryable", "true"])
         .output()
         .await?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

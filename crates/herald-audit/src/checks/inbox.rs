@@ -3,19 +3,11 @@
 
 use std::collections::HashMap;
 
-use herald_envelope::legacy::SOURCE_ALIASES;
-
+use super::canonical;
 use crate::model::{COMPLETED, COMPLETION_SUBSCRIPTIONS, InboxRow, OutboxRow};
 use crate::report::{CheckReport, Violation};
 
 pub const INBOX_ONCE: &str = "inbox_once";
-
-/// The source an inbox keys on once legacy aliases are mapped, as the
-/// consumers map them before their inbox check. Two rows that differ only in
-/// the alias are the same fact claimed twice: its effect was applied twice.
-fn canonical(source: &str) -> &str {
-    SOURCE_ALIASES.iter().find(|(alias, _)| *alias == source).map_or(source, |(_, canonical)| canonical)
-}
 
 pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
     let mut rows: HashMap<(&str, &str, &str), usize> = HashMap::new();
@@ -59,7 +51,7 @@ mod tests {
     }
 
     fn inbox(subscription: &str, source: &str, id: &str) -> InboxRow {
-        InboxRow { subscription: subscription.into(), source: source.into(), event_id: id.into() }
+        InboxRow { subscription: subscription.into(), source: source.into(), event_id: id.into(), topic: "events".into(), partition: 0, offset: 0 }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! Jobs and what they produced: the search projection (invariant 11's read
-//! model) and fenced completion (invariant 4).
+//! model, deletes included) and fenced completion (invariant 4).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::model::{COMPLETED, DELETED, DbEvidence, SUCCEEDED};
+use crate::model::{COMPLETED, DELETED, DbEvidence, JOB_DELETED, SUCCEEDED, SearchDocument};
 use crate::report::{CheckReport, Violation};
 
 pub const SEARCH_MATCHES_JOBS: &str = "search_matches_jobs";
+pub const DELETED_NOT_SEARCHABLE: &str = "deleted_not_searchable";
 pub const JOB_COMPLETION: &str = "job_completion";
 
 /// Jobs an `export.deleted` event was appended for (by subject).
@@ -14,13 +15,19 @@ fn deleted_jobs(db: &DbEvidence) -> HashSet<&str> {
     db.outbox.iter().filter(|o| o.event_type == DELETED).map(|o| o.subject.as_str()).collect()
 }
 
+/// Documents searches can find: the active generation without tombstones.
+fn live_documents(db: &DbEvidence) -> BTreeMap<&str, &SearchDocument> {
+    db.search_documents.iter().filter(|d| !d.tombstone).map(|d| (d.job_id.as_str(), d)).collect()
+}
+
 /// The active generation's documents are exactly the succeeded, undeleted
-/// jobs, each with the job's caller and selected result.
+/// jobs, each with the job's caller and selected result. A deleted job's
+/// document is [`deleted_not_searchable`]'s to name.
 pub fn search_matches_jobs(db: &DbEvidence) -> CheckReport {
     let deleted = deleted_jobs(db);
     let expected: BTreeMap<&str, _> =
         db.jobs.iter().filter(|j| j.status == SUCCEEDED && !deleted.contains(j.job_id.as_str())).map(|j| (j.job_id.as_str(), j)).collect();
-    let documents: BTreeMap<&str, _> = db.search_documents.iter().map(|d| (d.job_id.as_str(), d)).collect();
+    let documents = live_documents(db);
     let g = db.active_generation;
     let mut violations = Vec::new();
     for (id, job) in &expected {
@@ -33,11 +40,31 @@ pub fn search_matches_jobs(db: &DbEvidence) -> CheckReport {
             Some(_) => {}
         }
     }
-    for id in documents.keys().filter(|id| !expected.contains_key(*id)) {
-        let why = if deleted.contains(id) { "was deleted" } else { "has not succeeded" };
-        violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which {why}")));
+    let status: HashMap<&str, &str> = db.jobs.iter().map(|j| (j.job_id.as_str(), j.status.as_str())).collect();
+    for id in documents.keys().filter(|id| !expected.contains_key(*id) && !deleted.contains(*id)) {
+        match status.get(id) {
+            Some(&JOB_DELETED) => {}
+            Some(s) => violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which is {s}"))),
+            None => violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which does not exist"))),
+        }
     }
     CheckReport::new(SEARCH_MATCHES_JOBS, "11: active search generation = succeeded, undeleted jobs", expected.len() + documents.len(), violations)
+}
+
+/// No deleted job — status `deleted`, or an `export.deleted` event — has a
+/// document searches can find in the active generation (its tombstone does
+/// not count). Every live document is looked up.
+pub fn deleted_not_searchable(db: &DbEvidence) -> CheckReport {
+    let mut deleted = deleted_jobs(db);
+    deleted.extend(db.jobs.iter().filter(|j| j.status == JOB_DELETED).map(|j| j.job_id.as_str()));
+    let documents = live_documents(db);
+    let g = db.active_generation;
+    let violations = documents
+        .keys()
+        .filter(|id| deleted.contains(*id))
+        .map(|id| Violation::new("deleted_job_searchable", format!("job {id} was deleted, yet generation {g} still finds its document")))
+        .collect();
+    CheckReport::new(DELETED_NOT_SEARCHABLE, "11: deleted jobs absent from the active search generation", documents.len() + deleted.len(), violations)
 }
 
 /// Each succeeded job has exactly one completion event and one selected,
@@ -93,10 +120,11 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ArtifactRow, Job, OutboxRow, SearchDocument};
+    use crate::model::{ArtifactRow, Job, OutboxRow};
 
     fn job(id: &str, status: &str) -> Job {
-        Job { job_id: id.into(), caller: "alice".into(), status: status.into(), result_id: (status == SUCCEEDED).then(|| format!("r-{id}")) }
+        let result_id = (status == SUCCEEDED).then(|| format!("r-{id}"));
+        Job { job_id: id.into(), caller: "alice".into(), status: status.into(), result_id, format: "csv".into(), query: "q".into() }
     }
 
     fn event(id: &str, event_type: &str, job: &str) -> OutboxRow {
@@ -114,7 +142,11 @@ mod tests {
     }
 
     fn doc(id: &str) -> SearchDocument {
-        SearchDocument { job_id: id.into(), caller: "alice".into(), result_id: format!("r-{id}") }
+        SearchDocument { job_id: id.into(), caller: "alice".into(), result_id: format!("r-{id}"), tombstone: false }
+    }
+
+    fn tombstone(id: &str) -> SearchDocument {
+        SearchDocument { tombstone: true, result_id: String::new(), ..doc(id) }
     }
 
     fn evidence() -> DbEvidence {
@@ -131,14 +163,35 @@ mod tests {
     #[test]
     fn documents_are_the_succeeded_undeleted_jobs() {
         let mut db = evidence();
+        db.search_documents.push(tombstone("d"));
         assert!(search_matches_jobs(&db).violations.is_empty());
         db.search_documents.remove(0);
         db.search_documents.push(doc("c"));
+        db.search_documents.push(doc("x"));
+        // A deleted job's document is deleted_not_searchable's, not named twice.
         db.search_documents.push(doc("d"));
         let report = search_matches_jobs(&db);
         assert_eq!(report.count("missing_document"), 1);
-        assert_eq!(report.count("extra_document"), 2);
-        assert!(report.violations.iter().any(|v| v.detail.contains("job d, which was deleted")), "{:?}", report.violations);
+        assert_eq!(report.count("extra_document"), 2, "{:?}", report.violations);
+        assert!(report.violations.iter().any(|v| v.detail.contains("job c, which is failed")), "{:?}", report.violations);
+        assert!(report.violations.iter().any(|v| v.detail.contains("job x, which does not exist")), "{:?}", report.violations);
+    }
+
+    #[test]
+    fn deleted_jobs_leave_at_most_a_tombstone() {
+        let mut db = evidence();
+        db.jobs.push(job("e", JOB_DELETED));
+        db.search_documents.extend([tombstone("d"), tombstone("e")]);
+        let clean = deleted_not_searchable(&db);
+        assert!(clean.violations.is_empty(), "{:?}", clean.violations);
+        assert_eq!(clean.checked, 4, "two live documents looked up, two deleted jobs");
+
+        // Deleted by event (d) or by status alone (e): both must be gone.
+        db.search_documents.retain(|d| !d.tombstone);
+        db.search_documents.extend([doc("d"), doc("e")]);
+        let report = deleted_not_searchable(&db);
+        assert_eq!(report.count("deleted_job_searchable"), 2, "{:?}", report.violations);
+        assert!(report.violations[0].detail.starts_with("job d was deleted"), "{:?}", report.violations);
     }
 
     #[test]

@@ -3,30 +3,52 @@
 
 mod delivery;
 mod inbox;
+mod intake;
 mod jobs;
+mod letters;
 mod notify;
+mod stats;
 
 pub use delivery::{key_order, outbox_in_kafka};
 pub use inbox::inbox_once;
-pub use jobs::{job_completion, search_matches_jobs};
-pub use notify::{duplicates, notify_effects};
+pub use intake::intake_once;
+pub use jobs::{deleted_not_searchable, job_completion, search_matches_jobs};
+pub use letters::dead_letters_settled;
+pub use notify::{duplicates, intents_once, notify_effects};
+pub use stats::stats_match_completions;
+
+use herald_envelope::legacy::SOURCE_ALIASES;
 
 use crate::model::Evidence;
 use crate::report::CheckReport;
 
-/// Every check, in the order the report lists them.
+/// Every check, in the order the report lists them: from intake along the
+/// pipeline to the notification provider.
 pub fn all(evidence: &Evidence) -> Vec<CheckReport> {
+    let db = &evidence.db;
     vec![
-        outbox_in_kafka(&evidence.db.outbox, &evidence.kafka),
-        key_order(&evidence.db.outbox, &evidence.kafka),
-        inbox_once(&evidence.db.outbox, &evidence.db.inbox),
-        search_matches_jobs(&evidence.db),
-        job_completion(&evidence.db, evidence.stored_artifacts.as_ref()),
-        notify_effects(&evidence.db.intents, evidence.provider_effects.as_ref()),
+        intake_once(&db.intake_keys, &db.jobs, &db.outbox),
+        outbox_in_kafka(&db.outbox, &evidence.kafka),
+        key_order(&db.outbox, &evidence.kafka),
+        inbox_once(&db.outbox, &db.inbox),
+        dead_letters_settled(&db.dead_letters, &db.inbox),
+        search_matches_jobs(db),
+        deleted_not_searchable(db),
+        stats_match_completions(&db.completions, &db.undecodable_completions, &db.inbox, &db.stats_counters),
+        job_completion(db, evidence.stored_artifacts.as_ref()),
+        intents_once(&db.completions, &db.inbox, &db.intents),
+        notify_effects(&db.intents, evidence.provider_effects.as_ref()),
     ]
 }
 
 /// An event's identity as the inboxes key it.
 pub(crate) fn identity(source: &str, id: &str) -> (String, String) {
     (source.to_owned(), id.to_owned())
+}
+
+/// The source an inbox keys on once legacy aliases are mapped, as the
+/// consumers map them before their inbox check. Two rows that differ only in
+/// the alias are the same fact claimed twice: its effect was applied twice.
+pub(crate) fn canonical(source: &str) -> &str {
+    SOURCE_ALIASES.iter().find(|(alias, _)| *alias == source).map_or(source, |(_, canonical)| canonical)
 }

@@ -1,13 +1,54 @@
-//! Notifications (invariant 9): the provider's effects are the sent intents,
-//! one each.
+//! Notifications (invariant 9): one intent per (completion, recipient), and
+//! the provider's effects are the sent intents, one each.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::model::{Intent, SENT};
+use super::canonical;
+use crate::model::{Completion, InboxRow, Intent, NOTIFY, SENT};
 use crate::report::{CheckReport, Violation};
 
+pub const INTENTS_ONCE: &str = "intents_once";
 pub const NOTIFY_EFFECTS: &str = "notify_effects";
 const INVARIANT: &str = "9: provider effects = sent intents, one effect per key";
+
+/// Each completion the notify inbox applied has exactly one intent for its
+/// recipient (the caller who asked for the export), counting a legacy alias
+/// of the source as the same fact; every intent notifies of a known
+/// completion, and to its recipient.
+pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[Intent]) -> CheckReport {
+    let applied: HashSet<(&str, &str)> =
+        inbox.iter().filter(|r| r.subscription == NOTIFY).map(|r| (canonical(&r.source), r.event_id.as_str())).collect();
+    let by_fact: HashMap<(&str, &str), &Completion> = completions.iter().map(|c| ((canonical(&c.source), c.event_id.as_str()), c)).collect();
+    let mut per_recipient: HashMap<(&str, &str, &str), Vec<&str>> = HashMap::new();
+    let mut violations = Vec::new();
+    for intent in intents {
+        let fact = (canonical(&intent.source), intent.event_id.as_str());
+        per_recipient.entry((fact.0, fact.1, intent.recipient.as_str())).or_default().push(&intent.key);
+        match by_fact.get(&fact) {
+            None => violations.push(Violation::new(
+                "intent_without_completion",
+                format!("intent {} notifies of {} {}, which is no completion in the outbox", intent.key, intent.source, intent.event_id),
+            )),
+            Some(c) if c.caller != intent.recipient => violations.push(Violation::new(
+                "unexpected_recipient",
+                format!("intent {} notifies {} of job {}, which {} asked for", intent.key, intent.recipient, c.job_id, c.caller),
+            )),
+            Some(_) => {}
+        }
+    }
+    let mut checked = intents.len();
+    for c in completions.iter().filter(|c| applied.contains(&(canonical(&c.source), c.event_id.as_str()))) {
+        checked += 1;
+        let keys = per_recipient.get(&(canonical(&c.source), c.event_id.as_str(), c.caller.as_str())).map_or(&[][..], Vec::as_slice);
+        let what = format!("completion {} {} (job {}) for {}: {} intent(s) {keys:?}", c.source, c.event_id, c.job_id, c.caller, keys.len());
+        match keys.len() {
+            1 => {}
+            0 => violations.push(Violation::new("missing_intent", what)),
+            _ => violations.push(Violation::new("duplicate_intent", what)),
+        }
+    }
+    CheckReport::new(INTENTS_ONCE, "9: one intent per (completion, recipient)", checked, violations)
+}
 
 /// `effects`: effects per idempotency key as the provider recorded them.
 pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>>) -> CheckReport {
@@ -45,7 +86,52 @@ mod tests {
     use super::*;
 
     fn intent(key: &str, status: &str) -> Intent {
-        Intent { key: key.into(), status: status.into() }
+        Intent { key: key.into(), status: status.into(), source: "/herald/exports".into(), event_id: key.into(), recipient: "alice".into() }
+    }
+
+    fn completion(id: &str) -> Completion {
+        Completion {
+            source: "/herald/exports".into(),
+            event_id: id.into(),
+            job_id: format!("job-{id}"),
+            caller: "alice".into(),
+            format: "csv".into(),
+            completed_at_ms: 0,
+            size_bytes: 1,
+        }
+    }
+
+    fn notified(id: &str) -> InboxRow {
+        InboxRow { subscription: NOTIFY.into(), source: "/herald/exports".into(), event_id: id.into(), topic: "events".into(), partition: 0, offset: 0 }
+    }
+
+    #[test]
+    fn each_applied_completion_has_one_intent_for_its_recipient() {
+        let completions = [completion("e1"), completion("e2"), completion("e3")];
+        // e3 is not applied by notify yet: no intent is owed (inbox_once names it).
+        let inbox = [notified("e1"), notified("e2")];
+        let intents = vec![intent("e1", SENT), intent("e2", "pending")];
+        let clean = intents_once(&completions, &inbox, &intents);
+        assert!(clean.violations.is_empty(), "{:?}", clean.violations);
+        assert_eq!(clean.checked, 4);
+
+        let mut broken = intents.clone();
+        broken.remove(1);
+        // The same fact under a legacy alias of its source, with another key.
+        broken.push(Intent { key: "other".into(), source: "urn:herald:exports".into(), ..intent("e1", "pending") });
+        let report = intents_once(&completions, &inbox, &broken);
+        assert_eq!(report.count("missing_intent"), 1, "{:?}", report.violations);
+        assert_eq!(report.count("duplicate_intent"), 1, "{:?}", report.violations);
+        assert!(report.violations.iter().any(|v| v.detail.contains("e1 (job job-e1) for alice: 2 intent(s)")), "{:?}", report.violations);
+    }
+
+    #[test]
+    fn intents_of_unknown_completions_or_recipients_are_named() {
+        let completions = [completion("e1")];
+        let stray = [intent("zz", "pending"), Intent { recipient: "bob".into(), key: "k-bob".into(), ..intent("e1", "pending") }];
+        let report = intents_once(&completions, &[], &stray);
+        assert_eq!(report.count("intent_without_completion"), 1, "{:?}", report.violations);
+        assert_eq!(report.count("unexpected_recipient"), 1, "{:?}", report.violations);
     }
 
     #[test]

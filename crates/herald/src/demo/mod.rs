@@ -18,7 +18,7 @@ use crate::config::Backends;
 use herald_export::LeasePolicy;
 
 use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
-use herald_notify::provider::{Capabilities, ProviderClient};
+use herald_notify::provider::ProviderClient;
 use herald_notify::rules::RetryPolicy;
 use herald_notify::sim::FaultSwitches;
 
@@ -61,13 +61,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // The receiver loses the answer to one call after committing it: the
     // dispatcher times out, retries with the same key, and the keyed receiver
     // replays instead of executing twice.
-    let provider_url = env.start_embedded_provider(FaultSwitches { drop_responses: 1, ..FaultSwitches::default() }).await?;
+    let provider = env.start_embedded_provider(FaultSwitches { drop_responses: 1, ..FaultSwitches::default() }).await?;
+    let provider_url = provider.url;
     let notify_client = ProviderClient::new(&provider_url, Duration::from_secs(1))?;
     let notify_config = DispatcherConfig {
         idle_wait: Duration::from_millis(20),
         lease: Duration::from_secs(3),
         policy: RetryPolicy { base_backoff: Duration::from_millis(100), ..RetryPolicy::default() },
-        ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
+        ..DispatcherConfig::new(provider.caps)
     };
     let options = Options {
         policy: LeasePolicy { lease: Duration::from_secs(1), ..LeasePolicy::default() },
