@@ -107,7 +107,7 @@ mod tests {
             return Ok(false);
         }
         let mut buf = [0u8; 4];
-        Ok(matches!(stream.read_exact(&mut buf).await, Ok(_) if &buf == b"ping"))
+        Ok(stream.read_exact(&mut buf).await.is_ok() && &buf == b"ping")
     }
 
     #[tokio::test]
