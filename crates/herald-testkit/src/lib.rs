@@ -24,7 +24,7 @@ mod sync;
 
 pub use db::{TestDb, postgres_db, sqlite_db};
 pub use proxy::CutProxy;
-pub use sync::Gate;
+pub use sync::{Gate, wait_until};
 
 /// Environment variable holding the bootstrap servers of the real broker.
 pub const KAFKA_BROKERS_ENV: &str = "HERALD_TEST_KAFKA_BROKERS";

@@ -28,6 +28,23 @@ impl Gate {
     }
 }
 
+/// Polls `check` until it holds, or fails after `within` naming `what`. For
+/// outcomes that are eventual by design (a pipeline draining, a lag going
+/// to zero): the test decides how long it is willing to wait, not when the
+/// outcome happens, so a slow machine makes it slower, not flaky.
+pub async fn wait_until<F, Fut>(what: &str, within: std::time::Duration, mut check: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let deadline = std::time::Instant::now() + within;
+    while !check().await? {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};

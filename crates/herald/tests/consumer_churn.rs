@@ -9,13 +9,14 @@
 //! applied).
 
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald::bench::workload;
 use herald_kafka::offsets;
 use herald_kafka::{TopicSettings, Topics};
 use herald_store::Db;
 use sqlx::Row;
+use herald_testkit::wait_until;
 use tokio::process::{Child, Command};
 
 const PARTITIONS: i32 = 6;
@@ -62,19 +63,6 @@ async fn terminate(mut child: Child) -> anyhow::Result<()> {
     }
     if tokio::time::timeout(Duration::from_secs(30), child.wait()).await.is_err() {
         child.kill().await?;
-    }
-    Ok(())
-}
-
-async fn wait_until<F, Fut>(what: &str, within: Duration, mut done: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + within;
-    while !done().await? {
-        anyhow::ensure!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
 }

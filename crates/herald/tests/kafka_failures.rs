@@ -22,6 +22,7 @@ use herald_kafka::TopicSettings;
 use herald_relay::{Probe, ProbeAction, Probes, Relay, RelayConfig, RelayStats};
 use herald_store::{Db, outbox};
 use herald_testkit::kafka::{Record, first_occurrences_by_key, read_all};
+use herald_testkit::wait_until;
 use sqlx::Row;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -38,19 +39,6 @@ fn init_logs() {
 
 async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get::<i64, _>("n")?)
-}
-
-async fn wait_until<F, Fut>(what: &str, within: Duration, mut done: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + within;
-    while !done().await? {
-        anyhow::ensure!(Instant::now() < deadline, "timed out after {within:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 /// Each key's event ids in commit order, as the writers committed them.
