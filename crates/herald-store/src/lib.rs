@@ -14,6 +14,7 @@ mod error;
 pub mod inbox;
 pub mod outbox;
 pub mod relay;
+pub mod start_positions;
 
 pub use db::{Backend, Db, now_ms};
 pub use error::StoreError;

@@ -21,12 +21,20 @@
 //! Partitions with a committed offset keep it: `--start-at` never moves a
 //! group that already has a position (a rewind is for `herald dlq`/rebuild
 //! decisions, not a start flag).
+//!
+//! A decision is recorded in the database (`start_positions`) before its
+//! offsets are committed to Kafka. A process that dies in between (on a
+//! fresh cluster the commit waits for the group coordinator to come up)
+//! leaves its decision behind, and the next start commits those positions
+//! instead of deciding again on a topic that has gained records meanwhile,
+//! which it would have to refuse for good.
 
 use std::fmt;
 
 use chrono::DateTime;
 use herald_consumer::Subscription;
 use herald_kafka::offsets::{self, PartitionState};
+use herald_store::{Db, start_positions};
 use tracing::{info, warn};
 
 /// `--start-at`: where a notify group without a position begins.
@@ -79,7 +87,7 @@ impl std::error::Error for Refused {}
 
 /// Gives the notify group a position where it has none, by the rule above,
 /// or refuses. Run before the subscription joins its group.
-pub async fn prepare(sub: &Subscription, start_at: Option<StartAt>) -> anyhow::Result<()> {
+pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> anyhow::Result<()> {
     for topic in &sub.topics {
         let states = offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
         let unpositioned: Vec<PartitionState> = states.into_iter().filter(|s| s.committed.is_none()).collect();
@@ -87,6 +95,14 @@ pub async fn prepare(sub: &Subscription, start_at: Option<StartAt>) -> anyhow::R
             if start_at.is_some() {
                 warn!(group = %sub.group, topic, "--start-at ignored: the group already has committed offsets");
             }
+            continue;
+        }
+        let recorded = start_positions::recorded(db, &sub.group, topic).await?;
+        let decided: Vec<(i32, i64)> =
+            recorded.iter().copied().filter(|(p, _)| unpositioned.iter().any(|s| s.partition == *p)).collect();
+        if decided.len() == unpositioned.len() {
+            info!(group = %sub.group, topic, ?decided, "committing the start position decided before a restart");
+            offsets::commit(&sub.brokers, &sub.group, topic, &decided).await?;
             continue;
         }
         let with_history: Vec<&PartitionState> = unpositioned.iter().filter(|s| s.has_records()).collect();
@@ -102,6 +118,7 @@ pub async fn prepare(sub: &Subscription, start_at: Option<StartAt>) -> anyhow::R
             None | Some(StartAt::Latest) => unpositioned.iter().map(|s| (s.partition, s.high)).collect(),
             Some(StartAt::Time(ms)) => offsets::offsets_for_time(&sub.brokers, topic, &unpositioned, ms).await?,
         };
+        start_positions::record(db, &sub.group, topic, &commit).await?;
         match offsets::commit(&sub.brokers, &sub.group, topic, &commit).await {
             Ok(()) => info!(group = %sub.group, topic, ?commit, "notify start position committed"),
             // Without history the position is a convenience (the group starts

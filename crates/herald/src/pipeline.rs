@@ -155,7 +155,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         // Before any role runs: a refusal is the operator's decision to make,
         // not a role failure discovered later.
         let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
-        notify_start::prepare(&notify, options.notify_start_at).await?;
+        notify_start::prepare(&wiring.db, &notify, options.notify_start_at).await?;
     }
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();

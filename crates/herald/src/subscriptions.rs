@@ -72,7 +72,7 @@ pub async fn run_from(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Snapshot> {
     match name {
-        Name::Notify => notify_start::prepare(sub, start_at).await?,
+        Name::Notify => notify_start::prepare(db, sub, start_at).await?,
         // Best effort: without a record a generation counts as needing
         // history from offset 0, the conservative answer.
         Name::Search => {

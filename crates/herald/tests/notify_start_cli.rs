@@ -248,3 +248,29 @@ async fn an_empty_topic_is_no_history() -> anyhow::Result<()> {
     assert_eq!(bed.applied_ids().await?, ids(&events));
     Ok(())
 }
+
+/// The first start decided (on an empty topic: from the start) and died
+/// before committing that to Kafka; records arrived meanwhile. The next
+/// start commits the recorded decision and notifies those records, instead
+/// of refusing them as history for good. The drill met this window on a
+/// fresh Apache Kafka cluster, where the commit waits for the group
+/// coordinator to come up.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decision_recorded_before_a_crash_is_kept_after_it() -> anyhow::Result<()> {
+    let bed = bed(false).await?;
+    let positions: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 0)).collect();
+    // What the first process wrote before it died: the decision, not the commit.
+    herald_store::start_positions::record(&bed.db, &bed.group(), &bed.topics.events, &positions).await?;
+    let states = offsets::partition_states(&bed.brokers, &bed.group(), &bed.topics.events).await?;
+    assert!(states.iter().all(|s| s.committed.is_none()), "nothing was committed: {states:?}");
+    let arrived = bed.events(0, 6)?;
+    workload::publish(&bed.producer, &arrived).await?;
+
+    let child = bed.consume_notify(&[]).spawn()?;
+    let states = bed.wait_positioned().await?;
+    assert!(states.iter().all(|s| s.committed == Some(0) || s.committed == Some(s.high)), "{states:?}");
+    bed.wait_inbox(6).await?;
+    stop(child).await?;
+    assert_eq!(bed.applied_ids().await?, ids(&arrived), "every record appended after the decision is notified");
+    Ok(())
+}
