@@ -67,6 +67,10 @@ pub fn check_kafka_home(home: &Path) -> anyhow::Result<()> {
 /// caller's to remove.
 pub struct Cluster {
     nodes: Vec<Node>,
+    /// One client for every metadata question (the drill asks every
+    /// second): a librdkafka client is threads and connections, not a
+    /// value to make per call. It reconnects by itself as nodes come back.
+    metadata: BaseConsumer,
 }
 
 impl Cluster {
@@ -102,7 +106,8 @@ impl Cluster {
             list.push(Node::new(id, ports[id - 1].broker, node_dir, kafka_home, &log4j));
         }
         node::format_storage(&list, &cluster_id)?;
-        let mut cluster = Cluster { nodes: list };
+        let metadata = metadata_client(&bootstrap(&list))?;
+        let mut cluster = Cluster { nodes: list, metadata };
         for node in &mut cluster.nodes {
             node.spawn()?;
         }
@@ -113,7 +118,7 @@ impl Cluster {
     /// Bootstrap servers: every node, so a client can start with any of
     /// them down.
     pub fn bootstrap(&self) -> String {
-        self.nodes.iter().map(Node::address).collect::<Vec<_>>().join(",")
+        bootstrap(&self.nodes)
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -164,7 +169,7 @@ impl Cluster {
     /// One look at the metadata: brokers listed, partitions whose in-sync
     /// replicas are fewer than their replicas, partitions without a leader.
     pub fn health(&self, timeout: Duration) -> anyhow::Result<Health> {
-        let metadata = self.metadata_client()?.fetch_metadata(None, timeout)?;
+        let metadata = self.metadata.fetch_metadata(None, timeout)?;
         let partitions = || metadata.topics().iter().flat_map(|t| t.partitions());
         Ok(Health {
             brokers: metadata.brokers().len(),
@@ -175,8 +180,7 @@ impl Cluster {
 
     /// Kafka id of the leader of `topic`/`partition`, as the metadata says.
     pub fn leader_of(&self, topic: &str, partition: i32) -> anyhow::Result<i32> {
-        let client = self.metadata_client()?;
-        let metadata = client.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let metadata = self.metadata.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let leader = metadata
             .topics()
             .iter()
@@ -190,13 +194,12 @@ impl Cluster {
 
     /// Waits until the metadata lists `expected` brokers.
     pub fn wait_for_brokers(&mut self, expected: usize) -> anyhow::Result<()> {
-        let client = self.metadata_client()?;
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             for node in &mut self.nodes {
                 node.check_alive()?;
             }
-            let seen = client.fetch_metadata(None, Duration::from_secs(5)).map(|m| m.brokers().len()).unwrap_or(0);
+            let seen = self.metadata.fetch_metadata(None, Duration::from_secs(5)).map(|m| m.brokers().len()).unwrap_or(0);
             if seen >= expected {
                 return Ok(());
             }
@@ -208,14 +211,6 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(250));
         }
     }
-
-    fn metadata_client(&self) -> anyhow::Result<BaseConsumer> {
-        ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .set("log_level", "3")
-            .create()
-            .context("creating a metadata client")
-    }
 }
 
 impl Drop for Cluster {
@@ -224,6 +219,21 @@ impl Drop for Cluster {
             let _ = node.kill();
         }
     }
+}
+
+fn bootstrap(nodes: &[Node]) -> String {
+    nodes.iter().map(Node::address).collect::<Vec<_>>().join(",")
+}
+
+fn metadata_client(bootstrap: &str) -> anyhow::Result<BaseConsumer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("log_level", "3")
+        // Nodes come and go on purpose: reconnect within a second of one
+        // coming back, not after librdkafka's default 10 s backoff.
+        .set("reconnect.backoff.max.ms", "1000")
+        .create()
+        .context("creating a metadata client")
 }
 
 /// What [`Cluster::health`] saw.
