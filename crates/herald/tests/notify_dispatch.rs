@@ -3,6 +3,8 @@
 //! commit and Herald's receipt. Intents are seeded straight into PostgreSQL;
 //! the notify subscription that creates them is tested elsewhere.
 
+mod notify_support;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -86,20 +88,6 @@ fn dispatcher(db: &TestDb, url: &str, keyed: bool, fault: bool) -> anyhow::Resul
     )
 }
 
-async fn seed(db: &Db, key: &str, body: &str) -> anyhow::Result<()> {
-    let now = now_ms();
-    sqlx::query(
-        "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, status, \
-         created_at_ms, updated_at_ms) VALUES ($1, '/herald/exports', $1, 'alice', 'export.completed', 'j1', $2, 'pending', $3, $3)",
-    )
-    .bind(key)
-    .bind(body)
-    .bind(now)
-    .execute(db.pool())
-    .await?;
-    Ok(())
-}
-
 #[derive(Debug)]
 struct Intent {
     status: String,
@@ -133,7 +121,7 @@ struct Setup {
 async fn setup(body: &str) -> anyhow::Result<Setup> {
     let test_db = herald_testkit::postgres_db().await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
-    seed(&db, KEY, body).await?;
+    notify_support::seed_body(&db, KEY, body, now_ms()).await?;
     Ok(Setup { test_db, db, dir: tempfile::tempdir()? })
 }
 
@@ -348,7 +336,7 @@ async fn cancelled_before_acceptance_keeps_the_lease_then_is_reclaimed_with_the_
 #[tokio::test(flavor = "multi_thread")]
 async fn reconcile_asks_a_queryable_provider_about_unknown_intents() -> anyhow::Result<()> {
     let s = setup(BODY).await?;
-    seed(&s.db, "ntf_never_arrived", BODY).await?;
+    notify_support::seed_body(&s.db, "ntf_never_arrived", BODY, now_ms()).await?;
     // Both first attempted just now: well inside the provider's key retention.
     sqlx::query(&format!("UPDATE notification_intents SET status = 'unknown', attempts = 1, may_have_executed = 1, first_attempt_at_ms = {}", s.db.now_sql()))
         .execute(s.db.pool())

@@ -4,7 +4,7 @@
 //! the database, at the moment each call arrives and again when it is
 //! answered — whether the caller's claim was live.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -65,12 +65,17 @@ pub async fn database(backend: Backend) -> anyhow::Result<(TestDb, Db)> {
 
 /// A pending intent; `created` orders claims (oldest first).
 pub async fn seed(db: &Db, key: &str, created: i64) -> anyhow::Result<()> {
+    seed_body(db, key, BODY, created).await
+}
+
+/// A pending intent with `body`.
+pub async fn seed_body(db: &Db, key: &str, body: &str, created: i64) -> anyhow::Result<()> {
     sqlx::query(
         "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, status, \
          created_at_ms, updated_at_ms) VALUES ($1, '/herald/exports', $1, 'alice', 'export.completed', 'j1', $2, 'pending', $3, $3)",
     )
     .bind(key)
-    .bind(BODY)
+    .bind(body)
     .bind(created)
     .execute(db.pool())
     .await?;
