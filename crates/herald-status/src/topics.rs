@@ -8,13 +8,14 @@
 //! it, and a status that lost its lag figures over a missing config would
 //! show less than it knows.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, ConfigResourceResult, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::metadata::MetadataTopic;
+use tokio::sync::Mutex;
 
 use crate::durability::{PartitionReplicas, TopicConfigs};
 
@@ -32,16 +33,25 @@ pub(crate) fn partition_replicas(topic: &MetadataTopic) -> Vec<PartitionReplicas
         .collect()
 }
 
+/// How long an answer about topic configs is reused. `serve` refreshes its
+/// figures every second; configs change when an operator changes them, so
+/// asking the broker every second would be a request per process per
+/// second for nothing. A change shows within this long.
+const CONFIGS_FRESH_FOR: Duration = Duration::from_secs(30);
+
+type Answer = Vec<Result<TopicConfigs, String>>;
+
 /// Reads topic configs through one admin client, kept for the probe's life.
 pub(crate) struct ConfigReader {
     admin: AdminClient<DefaultClientContext>,
     timeout: Duration,
+    last: Mutex<Option<(Instant, Answer)>>,
 }
 
 impl ConfigReader {
     pub fn new(brokers: &str, timeout: Duration) -> Result<ConfigReader, KafkaError> {
         let admin = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
-        Ok(ConfigReader { admin, timeout })
+        Ok(ConfigReader { admin, timeout, last: Mutex::new(None) })
     }
 
     /// The configs of each of `topics`, in order, or why they are unknown.
@@ -51,7 +61,17 @@ impl ConfigReader {
     /// loaded one), while librdkafka's default, the controller, is never
     /// named by the mock cluster, so the call would wait out its timeout on
     /// every refresh instead of failing at once as unsupported.
-    pub async fn describe(&self, topics: &[String], broker: i32) -> Vec<Result<TopicConfigs, String>> {
+    pub async fn describe(&self, topics: &[String], broker: i32) -> Answer {
+        let mut last = self.last.lock().await;
+        if let Some((_, answer)) = last.as_ref().filter(|(at, _)| at.elapsed() < CONFIGS_FRESH_FOR) {
+            return answer.clone();
+        }
+        let answer = self.ask(topics, broker).await;
+        *last = Some((Instant::now(), answer.clone()));
+        answer
+    }
+
+    async fn ask(&self, topics: &[String], broker: i32) -> Answer {
         let specifiers: Vec<ResourceSpecifier<'_>> = topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
         let options = AdminOptions::new().request_timeout(Some(self.timeout)).broker_id((broker >= 0).then_some(broker));
         match self.admin.describe_configs(&specifiers, &options).await {
