@@ -86,17 +86,19 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     let Some(server) = args.database.as_deref().filter(|u| u.starts_with("postgres")) else {
         return usage("--database (HERALD_DATABASE_URL) must name a PostgreSQL server; the drill creates its own database there");
     };
-    if args.kafka_home.is_none() && args.brokers.is_none() {
-        return usage("--kafka-home (HERALD_KAFKA_HOME, see scripts/kafka-fetch) or --brokers is required");
-    }
-    if let Some(Err(e)) = args.kafka_home.as_deref().map(herald_cluster::check_kafka_home) {
-        return usage(&format!("--kafka-home: {e:#}"));
-    }
+    let cluster = match (args.brokers.as_deref(), args.kafka_home.as_deref()) {
+        (Some(bootstrap), _) => Cluster::Given(bootstrap),
+        (None, Some(home)) => match herald_cluster::check_kafka_home(home) {
+            Ok(()) => Cluster::Start(home),
+            Err(e) => return usage(&format!("--kafka-home: {e:#}")),
+        },
+        (None, None) => return usage("--kafka-home (HERALD_KAFKA_HOME, see scripts/kafka-fetch) or --brokers is required"),
+    };
     if args.broker_kill_every.is_zero() {
         return usage("--broker-kill-every must be positive");
     }
     let work = tempfile::Builder::new().prefix("herald-drill-").tempdir()?;
-    let outcome = drill(&args, Duration::from_secs_f64(seconds), server, work.path()).await;
+    let outcome = drill(&args, Duration::from_secs_f64(seconds), server, cluster, work.path()).await;
     if args.keep || !matches!(outcome, Ok(true)) {
         let kept = work.keep();
         eprintln!("drill: working directory kept at {} (process logs, broker storage)", kept.display());
@@ -104,16 +106,23 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     Ok(if outcome? { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+/// Which Kafka cluster the drill runs on.
+enum Cluster<'a> {
+    /// Started from these jars, its brokers killed and restarted.
+    Start(&'a std::path::Path),
+    /// Running already (bootstrap servers), left alone.
+    Given(&'a str),
+}
+
 /// The drill itself; `Ok(true)` when it passed.
-async fn drill(args: &DrillArgs, chaos: Duration, server: &str, work: &std::path::Path) -> anyhow::Result<bool> {
+async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster<'_>, work: &std::path::Path) -> anyhow::Result<bool> {
     let url = fresh_database(server).await?;
     let db = Db::connect_and_migrate(&url).await?;
-    let mut brokers = match (&args.kafka_home, &args.brokers) {
-        (_, Some(bootstrap)) => Brokers::given(bootstrap),
-        (Some(home), None) => {
+    let mut brokers = match cluster {
+        Cluster::Given(bootstrap) => Brokers::given(bootstrap),
+        Cluster::Start(home) => {
             Brokers::start(home, &work.join("kafka"), usize::from(args.nodes), args.broker_kill_every, args.broker_down)?
         }
-        (None, None) => anyhow::bail!("no cluster"),
     };
     let topics = Topics::default();
     create_topics(brokers.bootstrap(), &topics).await?;
