@@ -98,8 +98,9 @@ impl ProviderClient {
             .await;
         let response = match sent {
             Ok(response) => response,
-            Err(e) if e.is_connect() => return SendOutcome::NotSent { reason: e.to_string() },
-            Err(e) => return SendOutcome::Unknown { reason: e.to_string() },
+            Err(e) if e.is_connect() => return SendOutcome::NotSent { reason: error_chain(&e) },
+            Err(e) if e.is_timeout() => return SendOutcome::Unknown { reason: format!("{NO_ANSWER} within the call timeout ({:?})", self.timeout) },
+            Err(e) => return SendOutcome::Unknown { reason: format!("{NO_ANSWER}: {}", error_chain(&e)) },
         };
         let status = response.status();
         let retry_after = retry_after_of(response.headers());
@@ -128,6 +129,21 @@ impl ProviderClient {
             other => Err(format!("provider answered {other} to a status query")),
         }
     }
+}
+
+/// How the reason of a call that got no answer begins.
+pub const NO_ANSWER: &str = "no answer";
+
+/// An error with its causes: reqwest's own message names only the URL.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn classify(status: u16, retry_after: Option<Duration>, text: String) -> SendOutcome {

@@ -141,13 +141,19 @@ pub fn inside_retention(caps: &Capabilities, first_attempt_at_ms: i64, at_ms: i6
     caps.honours_keys && at_ms < first_attempt_at_ms.saturating_add(millis(caps.key_retention))
 }
 
+/// How every `unknown` reason that blames an earlier attempt begins. For a
+/// provider without keys it can only be a call whose claim expired while it
+/// ran (its dispatcher died): any other ambiguous answer made the intent
+/// `unknown` at once.
+pub const EARLIER_ATTEMPT: &str = "an earlier attempt may have reached the provider without an answer";
+
 /// Before a call: `Some` when an earlier attempt may have executed and a new
 /// call could be a second effect — the intent becomes that instead.
 pub fn before_call(caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Option<Transition> {
     if !facts.earlier_may_have_executed {
         return None;
     }
-    let reason = "an earlier attempt may have reached the provider without an answer";
+    let reason = EARLIER_ATTEMPT;
     if !caps.honours_keys {
         return Some(Transition::Unknown { reason: format!("{reason}; the provider does not honour keys") });
     }

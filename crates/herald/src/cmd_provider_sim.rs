@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
+use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig, Slowness};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -34,6 +34,11 @@ pub struct ProviderSimArgs {
     /// Hold requests until `POST /faults {"pause": false}`.
     #[arg(long)]
     pub pause: bool,
+    /// Be a slow provider for callers with this call timeout: answer close
+    /// to it, sometimes after it, and sometimes execute then drop the
+    /// connection (GET /effects/ambiguous counts those calls).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub slow_around: Option<Duration>,
 }
 
 pub async fn run(args: ProviderSimArgs) -> anyhow::Result<ExitCode> {
@@ -51,6 +56,7 @@ pub async fn run(args: ProviderSimArgs) -> anyhow::Result<ExitCode> {
         crate::signals::wait_for_stop().await;
         signal.cancel();
     });
-    sim::serve(listener, ledger, SimConfig { mode, key_retention: args.key_retention }, faults, shutdown).await?;
+    let slow = args.slow_around.map(|call_timeout| Slowness { call_timeout });
+    sim::serve(listener, ledger, SimConfig { mode, key_retention: args.key_retention, slow }, faults, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -62,12 +62,12 @@ impl Environment {
     /// flags: Herald knows exactly what this receiver does.
     pub async fn start_embedded_provider(&self, faults: herald_notify::sim::FaultSwitches) -> anyhow::Result<EmbeddedProvider> {
         use herald_notify::provider::Capabilities;
-        use herald_notify::sim::{self, Ledger, Mode, SimConfig};
+        use herald_notify::sim::{self, Ledger, SimConfig};
         let dir = self._data_dir.as_ref().context("no data directory")?;
         let ledger = Ledger::open(&dir.path().join("provider-ledger.sqlite").display().to_string()).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
-        let config = SimConfig { mode: Mode::Keyed, key_retention: EMBEDDED_KEY_RETENTION };
+        let config = SimConfig::keyed(EMBEDDED_KEY_RETENTION);
         let shutdown = tokio_util::sync::CancellationToken::new();
         tokio::spawn(sim::serve(listener, ledger, config, faults, shutdown));
         // Keyed and queryable, as the simulator is; 5xx stay "may have executed".

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use herald_notify::provider::Capabilities;
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
+use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use notify_support::{BODY, Backend, database, dispatcher, row, seed};
 use serde_json::Value;
@@ -59,7 +59,7 @@ async fn not_found_past_retention(backend: Backend) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let stop = CancellationToken::new();
-    tokio::spawn(sim::serve(listener, ledger.clone(), SimConfig { mode: Mode::Keyed, key_retention: RETENTION }, FaultSwitches::default(), stop.clone()));
+    tokio::spawn(sim::serve(listener, ledger.clone(), SimConfig::keyed(RETENTION), FaultSwitches::default(), stop.clone()));
 
     // The provider executed `ntf_executed`; Herald never got the answer.
     seed(&db, "ntf_executed", 1).await?;

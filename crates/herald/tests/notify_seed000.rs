@@ -28,7 +28,7 @@ use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
 use herald_kafka::{EmbeddedKafka, Topics};
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
+use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use herald_testkit::{Gate, unique};
 use notify_support::{Backend, database};
@@ -82,7 +82,7 @@ async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let provider = format!("http://{}", listener.local_addr()?);
     let sim_stop = CancellationToken::new();
-    let unkeyed = SimConfig { mode: Mode::Unkeyed, key_retention: Duration::ZERO };
+    let unkeyed = SimConfig::unkeyed();
     tokio::spawn(sim::serve(listener, ledger.clone(), unkeyed, FaultSwitches::default(), sim_stop.clone()));
     let dispatch = || -> anyhow::Result<Dispatch> {
         let config = DispatcherConfig { idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::unkeyed()) };

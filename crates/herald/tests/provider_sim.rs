@@ -1,16 +1,24 @@
 //! The reference receiver's fault switches, as a real `herald provider-sim`
 //! process: commit then exit (the caller's connection breaks after the
-//! effect), and refusing connections for a while, for real.
+//! effect), refusing connections for a while, for real, and the slow mode of
+//! the adversarial drill, whose count of ambiguous calls the drill's targets
+//! rest on.
 
 use std::process::Stdio;
 use std::time::Duration;
 
+use herald_notify::provider::{ProviderClient, SendOutcome};
+use herald_notify::sim::Ledger;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 async fn start(ledger: &str, extra: &[&str]) -> anyhow::Result<(Child, String)> {
-    let mut args = vec!["provider-sim", "--mode", "keyed", "--ledger", ledger, "--listen", "127.0.0.1:0"];
+    start_mode("keyed", ledger, extra).await
+}
+
+async fn start_mode(mode: &str, ledger: &str, extra: &[&str]) -> anyhow::Result<(Child, String)> {
+    let mut args = vec!["provider-sim", "--mode", mode, "--ledger", ledger, "--listen", "127.0.0.1:0"];
     args.extend_from_slice(extra);
     let mut child = Command::new(env!("CARGO_BIN_EXE_herald")).args(&args).stdout(Stdio::piped()).kill_on_drop(true).spawn()?;
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
@@ -38,6 +46,9 @@ async fn exit_after_commit_breaks_the_connection_after_the_effect() -> anyhow::R
     assert_eq!(replay["replayed"], true);
     let totals: Value = reqwest::get(format!("{url}/effects")).await?.json().await?;
     assert_eq!((totals["effects"].as_i64(), totals["requests"].as_i64()), (Some(1), Some(2)));
+    assert_eq!(totals["ambiguous"].as_i64(), Some(1), "the call the process died in counts as ambiguous, the replay does not");
+    let kinds: Value = reqwest::get(format!("{url}/effects/ambiguous")).await?.json().await?;
+    assert_eq!(kinds, serde_json::json!({"unanswered": 1}));
     again.start_kill()?;
     Ok(())
 }
@@ -70,6 +81,45 @@ async fn refusing_connections_closes_the_socket_then_reopens_it() -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    child.start_kill()?;
+    Ok(())
+}
+
+/// Every call the dispatcher's client could not read an answer to is one the
+/// slow simulator counts as ambiguous under its key; the rest were answered.
+/// Sixty sequential calls: the chance that none draws a late answer or a
+/// dropped connection (a fifth of the draws) is 0.8^60, about 1e-6.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_slow_simulator_counts_every_call_its_caller_heard_no_answer_to() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger_path = dir.path().join("ledger.sqlite").display().to_string();
+    let timeout = Duration::from_millis(300);
+    let (mut child, url) = start_mode("unkeyed", &ledger_path, &["--slow-around", "300ms"]).await?;
+    let client = ProviderClient::new(&url, timeout)?;
+    let (mut unanswered, mut accepted) = (Vec::new(), 0);
+    for i in 0..60 {
+        let key = format!("k{i}");
+        match client.send(&key, "{}").await {
+            SendOutcome::Accepted { .. } => accepted += 1,
+            SendOutcome::Unknown { .. } => unanswered.push(key),
+            other => anyhow::bail!("call {key}: a slow provider still answers or goes silent, got {other:?}"),
+        }
+    }
+    let ledger = Ledger::open(&ledger_path).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ledger.calls_unsettled().await? > 0 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "late calls never finished");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(accepted > 0 && !unanswered.is_empty(), "{accepted} accepted, {} unanswered: the mix is a draw of shares", unanswered.len());
+    for key in &unanswered {
+        assert_eq!(ledger.ambiguous_calls_of(key).await?, 1, "{key}: the client heard no answer, the simulator must count it");
+    }
+    let totals = ledger.totals().await?;
+    assert_eq!(totals.effects, 60, "unkeyed: every call executed, also those answered late or cut");
+    assert!(totals.ambiguous >= i64::try_from(unanswered.len())?, "{totals:?}");
+    let kinds: std::collections::BTreeMap<String, i64> = reqwest::get(format!("{url}/effects/ambiguous")).await?.json().await?;
+    assert!(kinds.keys().all(|k| ["late", "dropped", "caller_gone"].contains(&k.as_str())), "{kinds:?}");
     child.start_kill()?;
     Ok(())
 }

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::canonical;
 use crate::model::{Completion, InboxRow, Intent, NOTIFY, SENT};
+
+const UNKNOWN: &str = "unknown";
 use crate::report::{CheckReport, Violation};
 
 pub const INTENTS_ONCE: &str = "intents_once";
@@ -51,28 +53,37 @@ pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[I
 }
 
 /// `effects`: effects per idempotency key as the provider recorded them.
+/// A `sent` intent has exactly one effect; an `unknown` one at most one —
+/// whether the provider executed it is what nobody knew, so either count is
+/// honest, but a second is a duplicate; any other status none.
 pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>>) -> CheckReport {
     let Some(effects) = effects else {
         return CheckReport::skipped(NOTIFY_EFFECTS, INVARIANT, "no provider URL given");
     };
-    let status: HashMap<&str, &str> = intents.iter().map(|i| (i.key.as_str(), i.status.as_str())).collect();
     let mut violations = Vec::new();
-    for intent in intents.iter().filter(|i| i.status == SENT) {
-        match effects.get(&intent.key).copied().unwrap_or(0) {
-            1 => {}
-            0 => violations.push(Violation::new("missing_effect", format!("intent {} is sent but the provider executed nothing under its key", intent.key))),
-            n => violations.push(Violation::new("duplicate_effect", format!("intent {}: {n} effects at the provider", intent.key))),
+    let (mut unknown, mut unknown_executed) = (0, 0);
+    for intent in intents {
+        let n = effects.get(&intent.key).copied().unwrap_or(0);
+        let key = &intent.key;
+        match (intent.status.as_str(), n) {
+            (SENT, 1) | (UNKNOWN, 0 | 1) => {}
+            (SENT, 0) => violations.push(Violation::new("missing_effect", format!("intent {key} is sent but the provider executed nothing under its key"))),
+            (SENT | UNKNOWN, n) => violations.push(Violation::new("duplicate_effect", format!("intent {key} ({}): {n} effects at the provider", intent.status))),
+            (_, 0) => {}
+            (other, n) => violations.push(Violation::new("effect_without_sent_intent", format!("{n} effect(s) under key {key}, whose intent is {other}"))),
+        }
+        if intent.status == UNKNOWN {
+            unknown += 1;
+            unknown_executed += usize::from(n == 1);
         }
     }
-    for (key, n) in effects {
-        match status.get(key.as_str()) {
-            Some(&SENT) => {}
-            Some(other) => violations.push(Violation::new("effect_without_sent_intent", format!("{n} effect(s) under key {key}, whose intent is {other}"))),
-            None => violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has"))),
-        }
+    let known: HashSet<&str> = intents.iter().map(|i| i.key.as_str()).collect();
+    for (key, n) in effects.iter().filter(|(key, _)| !known.contains(key.as_str())) {
+        violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has")));
     }
-    let unknown = intents.iter().filter(|i| i.status == "unknown").count();
-    let note = (unknown > 0).then(|| format!("{unknown} intent(s) unknown: `herald notify reconcile`"));
+    let note = (unknown > 0).then(|| {
+        format!("{unknown} intent(s) unknown, {unknown_executed} of them executed at the provider: `herald notify reconcile`")
+    });
     CheckReport::new(NOTIFY_EFFECTS, INVARIANT, intents.len() + effects.len(), violations).with_note(note)
 }
 
@@ -136,7 +147,7 @@ mod tests {
 
     #[test]
     fn effects_equal_sent_intents() {
-        let intents = [intent("k1", SENT), intent("k2", SENT), intent("k3", "unknown")];
+        let intents = [intent("k1", SENT), intent("k2", SENT), intent("k3", "failed"), intent("k4", "unknown")];
         let mut effects: BTreeMap<String, i64> = [("k1".to_owned(), 1), ("k2".to_owned(), 1)].into();
         assert!(notify_effects(&intents, Some(&effects)).violations.is_empty());
         effects.insert("k1".into(), 2);
@@ -147,6 +158,20 @@ mod tests {
         for kind in ["duplicate_effect", "missing_effect", "effect_without_sent_intent", "effect_without_intent"] {
             assert_eq!(report.count(kind), 1, "{kind}: {:?}", report.violations);
         }
+        assert_eq!(duplicates(&effects), 1);
+        assert!(!notify_effects(&intents, None).ran);
+    }
+
+    #[test]
+    fn an_unknown_intent_may_have_one_effect_but_not_two() {
+        let intents = [intent("k1", "unknown"), intent("k2", "unknown")];
+        let mut effects: BTreeMap<String, i64> = [("k1".to_owned(), 1)].into();
+        let report = notify_effects(&intents, Some(&effects));
+        assert!(report.violations.is_empty(), "{:?}", report.violations);
+        assert!(report.note.as_deref().is_some_and(|n| n.contains("2 intent(s) unknown, 1 of them executed")), "{:?}", report.note);
+        effects.insert("k2".into(), 2);
+        let report = notify_effects(&intents, Some(&effects));
+        assert_eq!(report.count("duplicate_effect"), 1, "{:?}", report.violations);
         assert_eq!(duplicates(&effects), 1);
         assert!(!notify_effects(&intents, None).ran);
     }

@@ -1,5 +1,8 @@
-//! The simulator's durable ledger (SQLite): every request, every effect, and
-//! for the keyed mode every key with the body it was first accepted with.
+//! The simulator's durable ledger (SQLite): every request, every effect, for
+//! the keyed mode every key with the body it was first accepted with, and
+//! every call that executed or replayed a key, marked once its answer was
+//! handed over in time. A call never marked is ambiguous: the caller may not
+//! have heard its answer — also when the simulator died before answering.
 
 use std::str::FromStr;
 
@@ -10,10 +13,10 @@ use sqlx::{Executor, Row};
 /// What a request did to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// A new effect with this receipt.
-    Executed { receipt: String },
+    /// A new effect with this receipt; `call` names the call in the ledger.
+    Executed { receipt: String, call: i64 },
     /// The key was seen with the same body: the stored result, no new effect.
-    Replayed { receipt: String },
+    Replayed { receipt: String, call: i64 },
     /// The key was seen with another body: nothing executed.
     Conflict,
 }
@@ -30,11 +33,14 @@ pub struct KeyEffects {
     pub effects: i64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     pub effects: i64,
     pub keys: i64,
     pub requests: i64,
+    /// Calls executed (or replayed) whose answer the caller may not have
+    /// received: see [`super::Ambiguity`].
+    pub ambiguous: i64,
 }
 
 impl Ledger {
@@ -47,7 +53,9 @@ impl Ledger {
              CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, body_sha256 TEXT NOT NULL,
                  body TEXT NOT NULL, receipt TEXT NOT NULL, at_ms INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, body_sha256 TEXT NOT NULL, receipt TEXT NOT NULL,
-                 at_ms INTEGER NOT NULL);",
+                 at_ms INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS calls (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at_ms INTEGER NOT NULL,
+                 answered INTEGER NOT NULL DEFAULT 0, kind TEXT);",
         )
         .await?;
         Ok(Ledger { pool })
@@ -72,7 +80,12 @@ impl Ledger {
                 .await?;
             if let Some(row) = known {
                 let stored: String = row.try_get("body_sha256")?;
-                return Ok(if stored == hash { Applied::Replayed { receipt: row.try_get("receipt")? } } else { Applied::Conflict });
+                if stored != hash {
+                    return Ok(Applied::Conflict);
+                }
+                let call = open_call(&mut tx, Some(key), now_ms).await?;
+                tx.commit().await?;
+                return Ok(Applied::Replayed { receipt: row.try_get("receipt")?, call });
             }
         }
         let receipt = format!("rcpt_{}", uuid::Uuid::new_v4().simple());
@@ -93,8 +106,21 @@ impl Ledger {
                 .execute(&mut *tx)
                 .await?;
         }
+        let call = open_call(&mut tx, key, now_ms).await?;
         tx.commit().await?;
-        Ok(Applied::Executed { receipt })
+        Ok(Applied::Executed { receipt, call })
+    }
+
+    /// The call's answer was handed over in time: it is not ambiguous.
+    pub async fn answered(&self, call: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE calls SET answered = 1 WHERE seq = ?").bind(call).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Why the call's answer may not have reached the caller.
+    pub async fn ambiguous(&self, call: i64, kind: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE calls SET kind = ? WHERE seq = ?").bind(kind).bind(call).execute(&self.pool).await?;
+        Ok(())
     }
 
     pub async fn receipt_of(&self, key: &str, since_ms: i64) -> Result<Option<String>, sqlx::Error> {
@@ -105,11 +131,25 @@ impl Ledger {
     pub async fn totals(&self) -> Result<Totals, sqlx::Error> {
         let row = sqlx::query(
             "SELECT (SELECT COUNT(*) FROM effects) AS effects, (SELECT COUNT(*) FROM keys) AS keys, \
-             (SELECT COUNT(*) FROM requests) AS requests",
+             (SELECT COUNT(*) FROM requests) AS requests, (SELECT COUNT(*) FROM calls WHERE answered = 0) AS ambiguous",
         )
         .fetch_one(&self.pool)
         .await?;
-        Ok(Totals { effects: row.try_get("effects")?, keys: row.try_get("keys")?, requests: row.try_get("requests")? })
+        Ok(Totals {
+            effects: row.try_get("effects")?,
+            keys: row.try_get("keys")?,
+            requests: row.try_get("requests")?,
+            ambiguous: row.try_get("ambiguous")?,
+        })
+    }
+
+    /// Ambiguous calls per kind (see [`super::Ambiguity`]); `unanswered`:
+    /// the simulator stopped (or is still busy) before it answered.
+    pub async fn ambiguous_by_kind(&self) -> Result<std::collections::BTreeMap<String, i64>, sqlx::Error> {
+        let rows = sqlx::query("SELECT COALESCE(kind, 'unanswered') AS kind, COUNT(*) AS n FROM calls WHERE answered = 0 GROUP BY 1")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(|r| Ok((r.try_get("kind")?, r.try_get("n")?))).collect()
     }
 
     /// Requests that carried `key`, executed or not.
@@ -123,10 +163,26 @@ impl Ledger {
         rows.iter().map(|r| Ok(KeyEffects { key: r.try_get("key")?, effects: r.try_get("n")? })).collect()
     }
 
+    /// Ambiguous calls under `key`, for tests.
+    pub async fn ambiguous_calls_of(&self, key: &str) -> Result<i64, sqlx::Error> {
+        sqlx::query("SELECT COUNT(*) AS n FROM calls WHERE key = ? AND answered = 0").bind(key).fetch_one(&self.pool).await?.try_get("n")
+    }
+
+    /// Calls neither answered nor found ambiguous yet: still being served,
+    /// or cut short by the simulator's death.
+    pub async fn calls_unsettled(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query("SELECT COUNT(*) AS n FROM calls WHERE answered = 0 AND kind IS NULL").fetch_one(&self.pool).await?.try_get("n")
+    }
+
     /// Effects recorded for `key` (any body), for tests and audits.
     pub async fn effects_of(&self, key: &str) -> Result<i64, sqlx::Error> {
         sqlx::query("SELECT COUNT(*) AS n FROM effects WHERE key = ?").bind(key).fetch_one(&self.pool).await?.try_get("n")
     }
+}
+
+async fn open_call(tx: &mut sqlx::SqliteConnection, key: Option<&str>, now_ms: i64) -> Result<i64, sqlx::Error> {
+    let done = sqlx::query("INSERT INTO calls (key, at_ms) VALUES (?, ?)").bind(key).bind(now_ms).execute(&mut *tx).await?;
+    Ok(done.last_insert_rowid())
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

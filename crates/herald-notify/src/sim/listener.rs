@@ -1,12 +1,19 @@
 //! A TCP listener that can refuse connections for a while, for real: it
 //! closes its socket (clients get "connection refused") and binds the same
-//! address again afterwards.
+//! address again afterwards. Its connections can be cut by the handler
+//! serving them: the provider that executes a request, then drops the
+//! connection without answering.
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::serve::IncomingStream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -57,10 +64,10 @@ impl RefusableListener {
 }
 
 impl axum::serve::Listener for RefusableListener {
-    type Io = TcpStream;
+    type Io = CuttableStream;
     type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (TcpStream, SocketAddr) {
+    async fn accept(&mut self) -> (CuttableStream, SocketAddr) {
         loop {
             if let Some(until) = self.switch.take() {
                 self.refuse_until(until).await;
@@ -69,7 +76,7 @@ impl axum::serve::Listener for RefusableListener {
             let changed = self.switch.changed.clone();
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok(conn) => return conn,
+                    Ok((stream, peer)) => return (CuttableStream { inner: stream, cut: ConnCut::default() }, peer),
                     Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                 },
                 () = changed.notified() => {}
@@ -79,5 +86,74 @@ impl axum::serve::Listener for RefusableListener {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.addr)
+    }
+}
+
+/// A handle on one connection, as connect info for its handlers: once cut,
+/// the connection fails its next write and hyper closes it, so the client
+/// sees the connection end without an answer.
+#[derive(Debug, Clone, Default)]
+pub struct ConnCut(Arc<AtomicBool>);
+
+impl ConnCut {
+    pub fn cut(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn is_cut(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl axum::extract::connect_info::Connected<IncomingStream<'_, RefusableListener>> for ConnCut {
+    fn connect_info(stream: IncomingStream<'_, RefusableListener>) -> ConnCut {
+        stream.io().cut.clone()
+    }
+}
+
+/// A TCP stream whose writes fail once its [`ConnCut`] is cut.
+pub struct CuttableStream {
+    inner: TcpStream,
+    cut: ConnCut,
+}
+
+fn cut_error() -> io::Error {
+    io::Error::new(io::ErrorKind::ConnectionAborted, "connection cut by the simulator")
+}
+
+impl AsyncRead for CuttableStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.cut.is_cut() {
+            return Poll::Ready(Err(cut_error()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for CuttableStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        if self.cut.is_cut() {
+            return Poll::Ready(Err(cut_error()));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+        if self.cut.is_cut() {
+            return Poll::Ready(Err(cut_error()));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 }

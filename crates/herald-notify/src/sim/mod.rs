@@ -4,16 +4,20 @@
 //! other body answers 409 and keeps the old effect); unkeyed mode executes
 //! every request. Fault switches reproduce the windows of seed 003: the
 //! answer lost after the commit, the process dying after the commit,
-//! connections refused, and calls held until released.
+//! connections refused, and calls held until released. Slow mode ([`slow`])
+//! answers around the caller's timeout and sometimes drops the connection
+//! after executing; the ledger counts every call whose answer may not have
+//! reached the caller.
 
 mod ledger;
 mod listener;
+pub mod slow;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,12 +25,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::{Mutex, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use ledger::{Applied, KeyEffects, Ledger, Totals};
-pub use listener::{RefusableListener, RefuseSwitch};
+pub use listener::{ConnCut, RefusableListener, RefuseSwitch};
+pub use slow::{Ambiguity, Plan, Slowness};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -39,6 +44,18 @@ pub struct SimConfig {
     pub mode: Mode,
     /// How long keys are remembered (keyed mode).
     pub key_retention: Duration,
+    /// Answer around the caller's timeout (the adversarial drill's slow modes).
+    pub slow: Option<Slowness>,
+}
+
+impl SimConfig {
+    pub fn keyed(key_retention: Duration) -> SimConfig {
+        SimConfig { mode: Mode::Keyed, key_retention, slow: None }
+    }
+
+    pub fn unkeyed() -> SimConfig {
+        SimConfig { mode: Mode::Unkeyed, key_retention: Duration::ZERO, slow: None }
+    }
 }
 
 /// Fault switches, settable at start or through `POST /faults`.
@@ -78,18 +95,24 @@ pub async fn serve(listener: TcpListener, ledger: Ledger, config: SimConfig, fau
         .route("/v1/notifications/{key}", get(key_status))
         .route("/effects", get(effects))
         .route("/effects/by-key", get(effects_by_key))
+        .route("/effects/ambiguous", get(ambiguous))
         .route("/faults", post(set_faults))
         .with_state(sim);
     let listener = RefusableListener::new(listener, refuse)?;
     info!(addr = %axum::serve::Listener::local_addr(&listener)?, "provider simulator listening");
-    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
+    axum::serve(listener, app.into_make_service_with_connect_info::<ConnCut>())
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
 }
 
 fn now_ms() -> i64 {
     herald_store::now_ms()
 }
 
-async fn notify(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
+async fn notify(State(sim): State<Sim>, ConnectInfo(conn): ConnectInfo<ConnCut>, headers: HeaderMap, body: Bytes) -> Response {
+    // The caller's clock started earlier still; from here is the most the
+    // simulator can see of it.
+    let arrived = Instant::now();
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let Ok(body) = String::from_utf8(body.to_vec()) else {
         return (StatusCode::BAD_REQUEST, "body must be UTF-8").into_response();
@@ -99,26 +122,65 @@ async fn notify(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Resp
     }
     let mut paused = sim.paused.subscribe();
     let _ = paused.wait_for(|p| !*p).await;
+    let plan = sim.config.slow.map_or(Plan::PROMPT, |s| s.plan(rand::random(), rand::random(), rand::random()));
+    let (answer, answered) = oneshot::channel();
+    // A provider finishes what it started even when the caller hangs up, so
+    // the call runs in its own task, not in this (cancellable) handler.
+    tokio::spawn(serve_call(sim, key, body, plan, arrived, conn, answer));
+    answered.await.unwrap_or_else(|_| (StatusCode::SERVICE_UNAVAILABLE, "the call failed inside the simulator").into_response())
+}
+
+/// One call: wait, execute, wait, answer — then record in the ledger whether
+/// the answer was handed over in time. Recording after answering means a
+/// simulator killed in between counts the call ambiguous: over-counting is
+/// the safe side.
+async fn serve_call(sim: Sim, key: Option<String>, body: String, plan: Plan, arrived: Instant, conn: ConnCut, answer: oneshot::Sender<Response>) {
+    tokio::time::sleep(plan.before).await;
+    let (response, call) = execute(&sim, key.as_deref(), &body).await;
+    tokio::time::sleep(plan.after).await;
+    let Some(call) = call else {
+        let _ = answer.send(response);
+        return;
+    };
+    let ambiguity = if plan.drop_connection {
+        conn.cut();
+        Some(Ambiguity::Dropped)
+    } else if sim.config.slow.is_some_and(|s| s.late(arrived.elapsed())) {
+        Some(Ambiguity::Late)
+    } else {
+        None
+    };
+    let delivered = answer.send(response).is_ok();
+    let recorded = match (ambiguity, delivered) {
+        (None, true) => sim.ledger.answered(call).await,
+        (Some(kind), _) => sim.ledger.ambiguous(call, kind.as_str()).await,
+        (None, false) => sim.ledger.ambiguous(call, Ambiguity::CallerGone.as_str()).await,
+    };
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e, call, "ledger: could not record how the call was answered; it counts as ambiguous");
+    }
+}
+
+/// Applies the request to the ledger; the call's id when it executed or
+/// replayed a key.
+async fn execute(sim: &Sim, key: Option<&str>, body: &str) -> (Response, Option<i64>) {
     let keyed_since = match sim.config.mode {
         Mode::Keyed => Some(now_ms() - i64::try_from(sim.config.key_retention.as_millis()).unwrap_or(i64::MAX)),
         Mode::Unkeyed => None,
     };
-    let applied = match sim.ledger.apply(key.as_deref(), &body, keyed_since, now_ms()).await {
-        Ok(applied) => applied,
-        Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    };
-    match applied {
-        Applied::Conflict => (StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(),
-        Applied::Replayed { receipt } => Json(json!({"receipt": receipt, "replayed": true})).into_response(),
-        Applied::Executed { receipt } => {
-            after_commit(&sim).await;
-            Json(json!({"receipt": receipt, "replayed": false})).into_response()
+    match sim.ledger.apply(key, body, keyed_since, now_ms()).await {
+        Err(e) => ((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(), None),
+        Ok(Applied::Conflict) => ((StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(), None),
+        Ok(Applied::Replayed { receipt, call }) => (Json(json!({"receipt": receipt, "replayed": true})).into_response(), Some(call)),
+        Ok(Applied::Executed { receipt, call }) => {
+            after_commit(sim, call).await;
+            (Json(json!({"receipt": receipt, "replayed": false})).into_response(), Some(call))
         }
     }
 }
 
 /// The fault windows that open after an effect committed.
-async fn after_commit(sim: &Sim) {
+async fn after_commit(sim: &Sim, call: i64) {
     let mut faults = sim.faults.lock().await;
     if faults.exit_after_commit {
         info!("fault: exiting after commit");
@@ -128,6 +190,7 @@ async fn after_commit(sim: &Sim) {
         faults.drop_responses -= 1;
         drop(faults);
         info!("fault: dropping the response after commit");
+        let _ = sim.ledger.ambiguous(call, Ambiguity::Dropped.as_str()).await;
         std::future::pending::<()>().await;
     }
 }
@@ -147,6 +210,13 @@ async fn key_status(State(sim): State<Sim>, Path(key): Path<String>) -> Response
 async fn effects(State(sim): State<Sim>) -> Response {
     match sim.ledger.totals().await {
         Ok(totals) => Json(totals).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn ambiguous(State(sim): State<Sim>) -> Response {
+    match sim.ledger.ambiguous_by_kind().await {
+        Ok(kinds) => Json(kinds).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }

@@ -76,8 +76,6 @@ pub struct Totals {
     pub outbox_rows: i64,
     pub completion_events: i64,
     pub dead_letters: i64,
-    pub intents_sent: i64,
-    pub intents_unknown: i64,
 }
 
 pub async fn totals(db: &Db) -> anyhow::Result<Totals> {
@@ -88,8 +86,6 @@ pub async fn totals(db: &Db) -> anyhow::Result<Totals> {
         outbox_rows: count(db, "SELECT COUNT(*) FROM outbox").await?,
         completion_events: count(db, "SELECT COUNT(*) FROM outbox WHERE event_type = 'herald.export.completed'").await?,
         dead_letters: count(db, "SELECT COUNT(*) FROM dead_letters").await?,
-        intents_sent: count(db, "SELECT COUNT(*) FROM notification_intents WHERE status = 'sent'").await?,
-        intents_unknown: count(db, "SELECT COUNT(*) FROM notification_intents WHERE status = 'unknown'").await?,
     })
 }
 

@@ -10,6 +10,7 @@ mod brokers;
 mod drain;
 mod load;
 mod procs;
+mod provider;
 mod report;
 
 use std::process::ExitCode;
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use brokers::Brokers;
 use procs::{Procs, Spec};
+use provider::ProviderMode;
 
 #[derive(Debug, Clone, Args)]
 pub struct DrillArgs {
@@ -48,6 +50,11 @@ pub struct DrillArgs {
     /// Nodes of the cluster the drill starts.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=9))]
     pub nodes: u16,
+    /// The notification provider the dispatchers face: keyed or unkeyed,
+    /// prompt or slow (answers around the call timeout, sometimes after it,
+    /// sometimes executes then drops the connection).
+    #[arg(long, value_enum, default_value = "keyed")]
+    pub provider: ProviderMode,
     /// Export requests per second.
     #[arg(long, default_value_t = 8.0)]
     pub rate: f64,
@@ -137,7 +144,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         ("HERALD_GROUP_PREFIX".to_owned(), "herald".to_owned()),
     ];
     let mut procs = Procs::new(std::env::current_exe()?, env, work);
-    for spec in specs(api_port, &sim, &work.join("provider-ledger.sqlite")) {
+    for spec in specs(args.provider, api_port, &sim, &work.join("provider-ledger.sqlite")) {
         procs.add(spec)?;
     }
     wait_http(&format!("{api}/healthz"), Duration::from_secs(60)).await.context("the API did not come up")?;
@@ -158,12 +165,16 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         brokers: brokers.bootstrap(),
         topics: &topics,
         artifacts: Some(ArtifactStore::from_location(&artifacts.display().to_string())?),
-        provider_url: Some(sim),
+        provider_url: Some(sim.clone()),
         kafka_timeout: Duration::from_secs(120),
     };
     let audited = herald_audit::audit(&sources).await;
-    procs.stop_all(Duration::from_secs(10)).await;
     let (audit, evidence) = audited?;
+    let duplicates = evidence.provider_effects.as_ref().map_or(0, herald_audit::checks::duplicates);
+    let provider = provider::provider_report(&sim, args.provider, duplicates).await;
+    procs.stop_all(Duration::from_secs(10)).await;
+    let (provider, intents) = (provider?, provider::intent_report(&db).await?);
+    let dispatcher_deaths = procs.kills.get("dispatch").copied().unwrap_or(0) + procs.exits.get("dispatch").copied().unwrap_or(0);
     let outcome = report::Outcome {
         chaos_secs: started.elapsed().as_secs_f64() - drained.as_secs_f64(),
         drain_secs: drained.as_secs_f64(),
@@ -176,7 +187,10 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         broker_kills: brokers.kills,
         broker_restarts: brokers.restarts,
         kafka_records: evidence.kafka.records.len(),
-        notification_duplicates: evidence.provider_effects.as_ref().map_or(0, herald_audit::checks::duplicates),
+        notification_duplicates: duplicates,
+        targets: provider::targets(&provider, &intents, dispatcher_deaths),
+        provider,
+        intents,
         database: url,
         audit,
     };
@@ -209,13 +223,13 @@ async fn chaos_loop(args: &DrillArgs, chaos: Duration, procs: &mut Procs, broker
 }
 
 /// Every role as its own process: API, two workers, two relays, each
-/// subscription, the dispatcher, the keyed provider simulator.
-fn specs(api_port: u16, sim: &str, ledger: &std::path::Path) -> Vec<Spec> {
+/// subscription, the dispatchers, the provider simulator in `mode`.
+fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path) -> Vec<Spec> {
     let args = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let worker = ["worker", "--lease-ms", "4000", "--scan-interval-ms", "500", "--dispatch-timeout-ms", "20000", "--attempt-budget", "20"];
     let relay = ["relay", "--lease-ms", "3000"];
     let sim_port = sim.rsplit(':').next().unwrap_or_default();
-    vec![
+    let mut specs = vec![
         Spec { role: "api", name: "api".into(), args: args(&["api", "--listen", &format!("127.0.0.1:{api_port}"), "--quota", "1000000"]) },
         Spec { role: "worker", name: "worker-1".into(), args: args(&worker) },
         Spec { role: "worker", name: "worker-2".into(), args: args(&worker) },
@@ -224,17 +238,14 @@ fn specs(api_port: u16, sim: &str, ledger: &std::path::Path) -> Vec<Spec> {
         Spec { role: "consume-search", name: "consume-search".into(), args: args(&["consume", "search"]) },
         Spec { role: "consume-stats", name: "consume-stats".into(), args: args(&["consume", "stats"]) },
         Spec { role: "consume-notify", name: "consume-notify".into(), args: args(&["consume", "notify"]) },
-        Spec {
-            role: "dispatch",
-            name: "dispatch".into(),
-            args: args(&["dispatch", "--notify-url", sim, "--notify-idempotent", "true", "--notify-timeout", "2s", "--notify-lease", "5s"]),
-        },
-        Spec {
-            role: "provider-sim",
-            name: "provider-sim".into(),
-            args: args(&["provider-sim", "--mode", "keyed", "--ledger", &ledger.display().to_string(), "--listen", &format!("127.0.0.1:{sim_port}")]),
-        },
-    ]
+    ];
+    for i in 1..=provider::DISPATCHERS {
+        specs.push(Spec { role: "dispatch", name: format!("dispatch-{i}"), args: mode.dispatch_args(sim) });
+    }
+    let mut sim_args = args(&["provider-sim", "--ledger", &ledger.display().to_string(), "--listen", &format!("127.0.0.1:{sim_port}")]);
+    sim_args.extend(mode.sim_args());
+    specs.push(Spec { role: "provider-sim", name: "provider-sim".into(), args: sim_args });
+    specs
 }
 
 /// A new, empty database `herald_drill_<uuid>` on the server `server` names.

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::drain::{Progress, Totals};
 use super::load::LoadStats;
+use super::provider::{IntentReport, ProviderReport, Target};
 
 #[derive(Debug, Serialize)]
 pub struct Outcome {
@@ -26,6 +27,10 @@ pub struct Outcome {
     pub kafka_records: usize,
     /// Provider effects beyond the first per key.
     pub notification_duplicates: i64,
+    pub provider: ProviderReport,
+    pub intents: IntentReport,
+    /// The provider mode's targets.
+    pub targets: Vec<Target>,
     pub database: String,
     pub audit: Report,
 }
@@ -37,7 +42,11 @@ impl Outcome {
     }
 
     pub fn passed(&self) -> bool {
-        self.settled && self.load.unanswered == 0 && self.violations() == 0 && self.notification_duplicates == 0
+        self.settled
+            && self.load.unanswered == 0
+            && self.violations() == 0
+            && self.notification_duplicates == 0
+            && self.targets.iter().all(|t| t.met)
     }
 
     pub fn print(&self, json: bool) -> anyhow::Result<()> {
@@ -57,7 +66,15 @@ impl Outcome {
         row("requests", format!("{} sent for {} exports; {} repeats (same job {}), {} conflicts (409 {}), {} without answer, {} refused (retried)", l.requests, l.exports, l.repeats, l.repeats_same_job, l.conflicts, l.conflicts_409, l.no_answer, l.refused));
         row("jobs", format!("{} created, {} succeeded, {} failed; {} exports unanswered", t.jobs, t.jobs_succeeded, t.jobs_failed, l.unanswered));
         row("events", format!("{} outbox rows ({} completions), {} records in Kafka, {} dead letters", t.outbox_rows, t.completion_events, self.kafka_records, t.dead_letters));
-        row("notifications", format!("{} sent, {} unknown", t.intents_sent, t.intents_unknown));
+        let (p, i) = (&self.provider, &self.intents);
+        let kinds: Vec<String> = p.ambiguous_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
+        row("provider", format!("{:?}: {} requests, {} effects, {} duplicates, {} ambiguous calls ({})", p.mode, p.requests, p.effects, p.duplicates, p.ambiguous_calls, kinds.join(", ")));
+        let statuses: Vec<String> = i.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
+        row("intents", format!("{} ({})", i.total, statuses.join(", ")));
+        row("unknown", format!("{} after an unanswered call, {} after an interrupted call", i.unknown_unanswered, i.unknown_interrupted));
+        for (reason, n) in &i.unknown_reasons {
+            println!("    {n:>5}  {reason}");
+        }
         let kills: Vec<String> = self.kills.iter().map(|(role, n)| format!("{role} {n}")).collect();
         row("kills by role", format!("{} ({})", self.kills.values().sum::<u64>(), kills.join(", ")));
         let exits: Vec<String> = self.exits.iter().map(|(role, n)| format!("{role} {n}")).collect();
@@ -66,6 +83,9 @@ impl Outcome {
         row("drain", if self.settled { "settled".into() } else { format!("NOT settled: {:?}", self.progress) });
         row("violations", format!("{} ({} audit, {} intake)", self.violations(), self.audit.violations, l.violations.len()));
         row("notification duplicates", self.notification_duplicates.to_string());
+        for target in &self.targets {
+            row(&format!("target: {}", target.name), format!("{} — {}", if target.met { "met" } else { "MISSED" }, target.detail));
+        }
         for v in &l.violations {
             println!("    intake: {v}");
         }

@@ -11,7 +11,7 @@ use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_kafka::Topics;
 use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
+use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use herald_testkit::unique;
 use serde_json::Value;
@@ -107,7 +107,7 @@ impl Pipeline {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let provider = format!("http://{}", listener.local_addr()?);
         let sim_stop = CancellationToken::new();
-        let config = SimConfig { mode: Mode::Keyed, key_retention: Duration::from_secs(3600) };
+        let config = SimConfig::keyed(Duration::from_secs(3600));
         tokio::spawn(sim::serve(listener, Ledger::open(ledger).await?, config, FaultSwitches::default(), sim_stop.clone()));
         let wiring = Wiring {
             db: db.clone(),

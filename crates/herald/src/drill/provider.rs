@@ -1,0 +1,194 @@
+//! The adversarial side of the drill: which provider the dispatchers face
+//! (`--provider`), what it and the intents show after the drain, and the
+//! mode's targets.
+//!
+//! A slow provider answers close to the call timeout, sometimes after it,
+//! and sometimes executes and then drops the connection; the simulator
+//! counts those ambiguous calls (and any call it died in before answering).
+//! Dispatchers are SIGKILLed too: each kill may interrupt the one call its
+//! dispatcher had in flight.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use herald_notify::provider::NO_ANSWER;
+use herald_notify::rules::EARLIER_ATTEMPT;
+use herald_notify::sim::Totals;
+use herald_store::Db;
+use serde::Serialize;
+use sqlx::Row;
+
+/// Dispatchers running side by side: their claims keep them apart.
+pub const DISPATCHERS: usize = 3;
+/// Timeout of one provider call; the slow provider's delays are measured
+/// against it.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Claim lease: a batch reaches its last intent within it (see
+/// `herald_notify::dispatcher::batch_limit`).
+pub const LEASE: Duration = Duration::from_secs(4);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderMode {
+    /// Honours Idempotency-Key; answers at once.
+    Keyed,
+    /// Executes every request; answers at once.
+    Unkeyed,
+    /// Honours keys; answers around the call timeout, sometimes drops the connection.
+    SlowKeyed,
+    /// Executes every request; answers around the call timeout, sometimes drops the connection.
+    SlowUnkeyed,
+}
+
+impl ProviderMode {
+    pub fn keyed(self) -> bool {
+        matches!(self, ProviderMode::Keyed | ProviderMode::SlowKeyed)
+    }
+
+    pub fn slow(self) -> bool {
+        matches!(self, ProviderMode::SlowKeyed | ProviderMode::SlowUnkeyed)
+    }
+
+    /// `herald provider-sim` flags (after `--mode`).
+    pub fn sim_args(self) -> Vec<String> {
+        let mut args = vec!["--mode".to_owned(), if self.keyed() { "keyed" } else { "unkeyed" }.to_owned()];
+        if self.slow() {
+            args.extend(["--slow-around".to_owned(), humantime::format_duration(CALL_TIMEOUT).to_string()]);
+        }
+        args
+    }
+
+    /// The dispatcher's declared capabilities: what the provider really
+    /// does, never more.
+    pub fn dispatch_args(self, url: &str) -> Vec<String> {
+        let keyed = if self.keyed() { "true" } else { "false" };
+        let duration = |d: Duration| humantime::format_duration(d).to_string();
+        ["dispatch", "--notify-url", url, "--notify-idempotent", keyed, "--notify-queryable", keyed]
+            .into_iter()
+            .map(str::to_owned)
+            .chain(["--notify-timeout".to_owned(), duration(CALL_TIMEOUT), "--notify-lease".to_owned(), duration(LEASE)])
+            .collect()
+    }
+}
+
+/// What the provider saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProviderReport {
+    pub mode: ProviderMode,
+    pub requests: i64,
+    pub effects: i64,
+    /// Effects beyond the first per key.
+    pub duplicates: i64,
+    /// Calls whose answer may not have reached the dispatcher.
+    pub ambiguous_calls: i64,
+    pub ambiguous_by_kind: BTreeMap<String, i64>,
+}
+
+/// Asks the simulator at `url` for its totals.
+pub async fn provider_report(url: &str, mode: ProviderMode, duplicates: i64) -> anyhow::Result<ProviderReport> {
+    let totals: Totals = reqwest::get(format!("{url}/effects")).await?.error_for_status()?.json().await?;
+    let kinds = reqwest::get(format!("{url}/effects/ambiguous")).await?.error_for_status()?.json().await?;
+    Ok(ProviderReport {
+        mode,
+        requests: totals.requests,
+        effects: totals.effects,
+        duplicates,
+        ambiguous_calls: totals.ambiguous,
+        ambiguous_by_kind: kinds,
+    })
+}
+
+/// Where the intents ended.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IntentReport {
+    pub total: i64,
+    pub by_status: BTreeMap<String, i64>,
+    /// `unknown` intents whose reason blames an earlier, interrupted call.
+    pub unknown_interrupted: i64,
+    /// `unknown` intents after a call that got no answer.
+    pub unknown_unanswered: i64,
+    /// A few reasons, for the reader.
+    pub unknown_reasons: BTreeMap<String, i64>,
+}
+
+impl IntentReport {
+    pub fn unknown(&self) -> i64 {
+        self.unknown_interrupted + self.unknown_unanswered
+    }
+}
+
+pub async fn intent_report(db: &Db) -> anyhow::Result<IntentReport> {
+    let mut report = IntentReport::default();
+    for row in sqlx::query("SELECT status, COUNT(*) AS n FROM notification_intents GROUP BY status").fetch_all(db.pool()).await? {
+        let n: i64 = row.try_get("n")?;
+        report.total += n;
+        report.by_status.insert(row.try_get("status")?, n);
+    }
+    for row in sqlx::query("SELECT last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await? {
+        let reason: Option<String> = row.try_get("last_error")?;
+        let reason = reason.unwrap_or_default();
+        if reason.starts_with(EARLIER_ATTEMPT) {
+            report.unknown_interrupted += 1;
+        } else {
+            report.unknown_unanswered += 1;
+        }
+        *report.unknown_reasons.entry(reason_class(&reason)).or_default() += 1;
+    }
+    Ok(report)
+}
+
+/// A reason without its particulars (URLs, error chains), to group by.
+fn reason_class(reason: &str) -> String {
+    let (head, tail) = reason.split_once("; ").unwrap_or((reason, ""));
+    let head = match head {
+        _ if head.starts_with(&format!("{NO_ANSWER} within")) => "no answer within the call timeout",
+        _ if head.starts_with(NO_ANSWER) => "no answer: the connection ended",
+        _ => head,
+    };
+    if tail.is_empty() { head.to_owned() } else { format!("{head}; {tail}") }
+}
+
+/// One target of the mode, met or not.
+#[derive(Debug, Clone, Serialize)]
+pub struct Target {
+    pub name: &'static str,
+    pub met: bool,
+    pub detail: String,
+}
+
+/// The mode's targets. `dispatcher_deaths`: dispatchers SIGKILLed or
+/// exited, each able to interrupt one call.
+pub fn targets(provider: &ProviderReport, intents: &IntentReport, dispatcher_deaths: u64) -> Vec<Target> {
+    let mut targets = vec![Target {
+        name: "no duplicate effect",
+        met: provider.duplicates == 0,
+        detail: format!("{} effects beyond the first per key", provider.duplicates),
+    }];
+    if provider.mode.slow() {
+        targets.push(Target {
+            name: "the provider was ambiguous",
+            met: provider.ambiguous_calls > 0,
+            detail: format!("{} ambiguous calls; a slow run without any proves nothing", provider.ambiguous_calls),
+        });
+    }
+    if provider.mode.keyed() {
+        targets.push(Target { name: "no unknown after the drain", met: intents.unknown() == 0, detail: format!("{} unknown", intents.unknown()) });
+        return targets;
+    }
+    let deaths = i64::try_from(dispatcher_deaths).unwrap_or(i64::MAX);
+    targets.push(Target {
+        name: "unknown only after an ambiguous call",
+        met: intents.unknown_unanswered <= provider.ambiguous_calls,
+        detail: format!("{} unknown after an unanswered call, {} ambiguous calls at the provider", intents.unknown_unanswered, provider.ambiguous_calls),
+    });
+    targets.push(Target {
+        name: "unknown only after an interrupted call",
+        met: intents.unknown_interrupted <= deaths,
+        detail: format!("{} unknown after an interrupted call, {deaths} dispatcher deaths (one call in flight each at most)", intents.unknown_interrupted),
+    });
+    targets
+}
+
+#[cfg(test)]
+mod tests;
