@@ -2,31 +2,52 @@
 //! server and a three-node Apache Kafka cluster the drill starts itself
 //! (from `HERALD_KAFKA_HOME`) and whose brokers it SIGKILLs and restarts;
 //! every role a separate process, SIGKILLed at random and restarted. It must
-//! end settled, with zero violations and zero notification duplicates.
-//! Usage errors exit 2.
+//! end settled, with zero violations and zero notification duplicates, and
+//! meet its provider mode's targets: against a slow keyed provider no intent
+//! ends `unknown`; against a slow provider without keys, `unknown` intents
+//! are no more than the calls that really were ambiguous. Usage errors exit 2.
 
 use std::process::Command;
+use std::sync::Mutex;
 
 use serde_json::Value;
 
-fn kafka_home() -> String {
-    std::env::var("HERALD_KAFKA_HOME").expect("HERALD_KAFKA_HOME is not set: run the tests with scripts/test, which fetches Apache Kafka and exports its path")
-}
+/// One drill at a time: each starts three brokers and a dozen processes.
+static ONE_DRILL: Mutex<()> = Mutex::new(());
 
-#[test]
-fn short_drill_passes_with_zero_violations() {
+fn drill(extra: &[&str]) -> Value {
     let server = std::env::var("HERALD_TEST_DATABASE_URL").expect("HERALD_TEST_DATABASE_URL is not set: run the tests with scripts/test");
+    let _one = ONE_DRILL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["drill", "--seconds", "45", "--rate", "6", "--kill-every", "2s", "--drain-timeout", "150s", "--json"])
+        .args(["drill", "--kill-every", "2s", "--drain-timeout", "150s", "--json"])
         .args(["--broker-kill-every", "12s", "--broker-down", "3s"])
         .args(["--database", &server, "--kafka-home", &kafka_home()])
+        .args(extra)
         .output()
         .expect("run herald drill");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
     assert_eq!(out.status.code(), Some(0), "{report:#}\n{stderr}");
+    report
+}
+
+fn targets_met(report: &Value) {
+    let targets = report["targets"].as_array().expect("targets");
+    assert!(targets.len() >= 3 && targets.iter().all(|t| t["met"] == true), "{targets:#?}");
+}
+
+fn kafka_home() -> String {
+    std::env::var("HERALD_KAFKA_HOME").expect("HERALD_KAFKA_HOME is not set: run the tests with scripts/test, which fetches Apache Kafka and exports its path")
+}
+
+#[test]
+fn short_drill_against_a_slow_keyed_provider_passes_with_zero_violations() {
+    let report = drill(&["--seconds", "45", "--rate", "6", "--provider", "slow-keyed"]);
     assert_eq!(report["passed"], true);
+    targets_met(&report);
+    assert_eq!(report["intents"]["by_status"]["unknown"], Value::Null, "keyed: nothing unknown after the drain");
+    assert!(report["provider"]["ambiguous_calls"].as_u64() > Some(0), "{:#}", report["provider"]);
     assert_eq!(report["settled"], true);
     assert_eq!(report["violations"], 0, "{:#}", report["audit"]);
     assert_eq!(report["notification_duplicates"], 0);
@@ -46,8 +67,21 @@ fn short_drill_passes_with_zero_violations() {
 }
 
 #[test]
+fn short_drill_against_a_slow_unkeyed_provider_bounds_unknown_by_ambiguous_calls() {
+    let report = drill(&["--seconds", "30", "--rate", "5", "--provider", "slow-unkeyed"]);
+    assert_eq!(report["passed"], true);
+    targets_met(&report);
+    let (provider, intents) = (&report["provider"], &report["intents"]);
+    assert_eq!(provider["duplicates"], 0);
+    let unanswered = intents["unknown_unanswered"].as_i64().expect("count");
+    assert!(unanswered > 0 && unanswered <= provider["ambiguous_calls"].as_i64().unwrap_or(0), "{provider:#}\n{intents:#}");
+    assert!(intents["by_status"]["sent"].as_i64() > Some(unanswered), "most intents were sent: {intents:#}");
+}
+
+#[test]
 fn drill_usage_errors_exit_2() {
-    let cases: [&[&str]; 5] = [
+    let cases: [&[&str]; 6] = [
+        &["drill", "--seconds", "5", "--database", "postgres://127.0.0.1:1/x", "--brokers", "127.0.0.1:1", "--provider", "flaky"],
         &["drill", "--seconds", "5", "--kafka-home", "/nonexistent"],
         &["drill", "--seconds", "5", "--database", "sqlite://x.db", "--kafka-home", "/nonexistent"],
         &["drill", "--seconds", "0", "--database", "postgres://127.0.0.1:1/x", "--kafka-home", "/nonexistent"],
