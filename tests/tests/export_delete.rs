@@ -123,19 +123,16 @@ async fn delete_then_late_completed_then_rebuild(database: Database) -> anyhow::
     let options = RebuildOptions {
         brokers: stack.wiring.brokers.clone(),
         topic: stack.wiring.topics.events.clone(),
-        live_group: format!("{}.search", stack.wiring.group_prefix),
         switch: SwitchMode::Auto,
-        lag_threshold: 0,
-        catch_up_timeout: Duration::from_secs(60),
         dry_run: false,
         batch: 3,
         ..RebuildOptions::default()
     };
-    let report = rebuild::rebuild::<Search>(&stack.db, &options, &mut Quiet, &CancellationToken::new()).await?;
+    let report = rebuild::rebuild(&stack.db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.state.as_str()), (2, "active"), "{report:?}");
-    let (one, two) = verify::fingerprints(&stack.db, 1, 2).await?;
+    let (one, two) = verify::fingerprints(&stack.db, &Search, 1, 2).await?;
     assert_eq!(one, two);
-    assert_eq!((two.documents, two.tombstones), (4, 2));
+    assert_eq!((two.rows, two.other), (4, 2));
     let (_, answer) = stack.get(ALICE, "/v1/search?q=deletable").await?;
     assert_eq!((answer["generation"].as_i64(), answer["hits"].as_array().map(Vec::len)), (Some(2), Some(4)), "{answer}");
     stack.stop().await

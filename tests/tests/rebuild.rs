@@ -14,7 +14,7 @@ use common::{ALICE, Broker, Database, export_body};
 use herald::pipeline::{self, Dispatch, Options, Roles};
 use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig};
+use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_rebuild::replay::ReplayProgress;
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, generations, rebuild, verify};
 use serde_json::Value;
@@ -49,7 +49,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let provider = format!("http://{}", listener.local_addr()?);
     let sim_stop = CancellationToken::new();
-    tokio::spawn(sim::serve(listener, ledger, SimConfig { mode: Mode::Keyed, key_retention: Duration::from_secs(3600) }, FaultSwitches::default(), sim_stop.clone()));
+    tokio::spawn(sim::serve(listener, ledger, SimConfig::keyed(Duration::from_secs(3600)), FaultSwitches::default(), sim_stop.clone()));
     let dispatch = Dispatch {
         client: ProviderClient::new(&provider, Duration::from_secs(5))?,
         config: DispatcherConfig { idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) },
@@ -101,15 +101,14 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     let options = RebuildOptions {
         brokers: stack.wiring.brokers.clone(),
         topic: stack.wiring.topics.events.clone(),
-        live_group: format!("{}.search", stack.wiring.group_prefix),
         switch: SwitchMode::Auto,
-        lag_threshold: 0,
-        catch_up_timeout: Duration::from_secs(60),
+        offline: false,
         dry_run: false,
         batch: 7,
         from_snapshot: None,
+        before_open: None,
     };
-    let report = rebuild::rebuild::<Search>(&stack.db, &options, &mut Quiet, &CancellationToken::new()).await?;
+    let report = rebuild::rebuild(&stack.db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.previous_active, report.state.as_str(), report.switched), (2, 1, "active", true), "{report:?}");
     assert!(report.replayed >= 20, "{report:?}");
 
@@ -144,11 +143,11 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
 async fn wait_agree(db: &herald_store::Db, n: i64) -> anyhow::Result<bool> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let (one, two) = verify::fingerprints(db, 1, 2).await?;
-        if one.documents >= n && two.documents >= n {
+        let (one, two) = verify::fingerprints(db, &Search, 1, 2).await?;
+        if one.rows >= n && two.rows >= n {
             return Ok(one == two);
         }
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "documents: {} and {}", one.documents, two.documents);
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "documents: {} and {}", one.rows, two.rows);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

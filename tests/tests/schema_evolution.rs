@@ -16,7 +16,8 @@ use herald_consumer::{Metrics, Options, Redriven};
 use herald_envelope::data::DEFAULT_CONTENT_TYPE;
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted, ExportCompletedV1, OutboxEvent, Registry, decode_record};
 use herald_kafka::Topics;
-use herald_projections::search::{self, SearchHandler};
+use herald_consumer::Live;
+use herald_projections::search::{self, Search};
 use herald_store::{Db, dead_letter, inbox};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -171,7 +172,7 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
     assert_eq!(letter.attempts, 1, "an unknown schema is not retried: the same bytes give the same answer");
 
     // Redriven before the schema is deployed: still unknown, still dead.
-    let before = herald_consumer::redrive(&db, &SearchHandler, letter).await?;
+    let before = herald_consumer::redrive(&db, &Live::new(Search, &topics.events), letter).await?;
     assert_eq!(before, Redriven::Failed(format!("unknown schema {V3_FILE}")));
     let letter = dead_letter::get(&db, letter.id).await?.expect("kept");
     assert_eq!(letter.status, dead_letter::DEAD);
@@ -179,7 +180,7 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
 
     // Deployed: the registry now has v3; the v2 reader resolves v3 data.
     let deployed = Registry::embedded().with_schema(V3_FILE, &v3_text())?;
-    assert_eq!(herald_consumer::redrive_with(&db, &SearchHandler, &deployed, &letter).await?, Redriven::Applied);
+    assert_eq!(herald_consumer::redrive_with(&db, &Live::new(Search, &topics.events), &deployed, &letter).await?, Redriven::Applied);
     assert_eq!(search::count_active(&db).await?, 2);
     let hits = search::search(&db, "alice", "evolution job-future", 10).await?.hits;
     assert_eq!(hits.len(), 1, "{hits:?}");
@@ -187,7 +188,7 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
     assert_eq!(inbox::count(&db, "search").await?, 2);
     let letter = dead_letter::get(&db, letter.id).await?.expect("kept as redriven");
     assert_eq!(letter.status, dead_letter::REDRIVEN);
-    assert_eq!(herald_consumer::redrive_with(&db, &SearchHandler, &deployed, &letter).await?, Redriven::NotDead);
+    assert_eq!(herald_consumer::redrive_with(&db, &Live::new(Search, &topics.events), &deployed, &letter).await?, Redriven::NotDead);
     db.close().await;
     Ok(())
 }

@@ -16,11 +16,12 @@ use common::{Broker, Database};
 use herald::bench::workload;
 use herald::subscriptions::{self, Name};
 use herald_consumer::{Handler, HandlerError, Metrics, Options, Redriven, Snapshot};
-use herald_envelope::{DecodedEvent, OutboxEvent};
+use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, Topics};
 use herald_notify::intents;
-use herald_projections::search::{self, SearchHandler};
-use herald_projections::stats::{self, StatsHandler};
+use herald_consumer::{Live, Record};
+use herald_projections::search::{self, Search};
+use herald_projections::stats::{self, Stats};
 use herald_store::{Backend, Db, Tx, dead_letter, inbox};
 use herald_testkit::TestDb;
 use rdkafka::ClientConfig;
@@ -397,18 +398,18 @@ async fn poison_is_set_aside_and_redriven_once(database: Database, broker: Broke
     assert_eq!(poison.topic, bed.topics.events);
 
     // Still broken: the redrive fails and the letter stays dead.
-    assert!(matches!(herald_consumer::redrive(&bed.db, &SearchHandler, poison).await?, Redriven::Failed(_)));
+    assert!(matches!(herald_consumer::redrive(&bed.db, &Live::new(Search, &bed.topics.events), poison).await?, Redriven::Failed(_)));
     fix_defect(&bed.db).await?;
     let poison = dead_letter::get(&bed.db, poison.id).await?.expect("still there");
-    assert_eq!(herald_consumer::redrive(&bed.db, &SearchHandler, &poison).await?, Redriven::Applied);
+    assert_eq!(herald_consumer::redrive(&bed.db, &Live::new(Search, &bed.topics.events), &poison).await?, Redriven::Applied);
     assert_eq!(search::count_active(&bed.db).await?, 11);
     let again = dead_letter::get(&bed.db, poison.id).await?.expect("kept as redriven");
     assert_eq!(again.status, dead_letter::REDRIVEN);
-    assert_eq!(herald_consumer::redrive(&bed.db, &SearchHandler, &again).await?, Redriven::NotDead);
+    assert_eq!(herald_consumer::redrive(&bed.db, &Live::new(Search, &bed.topics.events), &again).await?, Redriven::NotDead);
     // Even a stale copy of the dead row cannot apply twice: the inbox has it.
-    assert_eq!(herald_consumer::redrive(&bed.db, &SearchHandler, &poison).await?, Redriven::NotDead);
+    assert_eq!(herald_consumer::redrive(&bed.db, &Live::new(Search, &bed.topics.events), &poison).await?, Redriven::NotDead);
     assert_eq!(bed.inbox(Name::Search).await?, 11);
-    assert!(matches!(herald_consumer::redrive(&bed.db, &SearchHandler, garbage).await?, Redriven::Failed(_)));
+    assert!(matches!(herald_consumer::redrive(&bed.db, &Live::new(Search, &bed.topics.events), garbage).await?, Redriven::Failed(_)));
     Ok(())
 }
 
@@ -432,22 +433,19 @@ async fn poison_postgres_real_broker() -> anyhow::Result<()> {
 /// Stats, behind a database that is "down" for the first `fail` calls.
 struct Flaky {
     fail: AtomicU32,
+    stats: Live<Stats>,
 }
 
 impl Handler for Flaky {
     fn handles(&self, event_type: &str) -> bool {
-        StatsHandler.handles(event_type)
+        self.stats.handles(event_type)
     }
 
-    async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
-        self.apply_batch(tx, &[event]).await
-    }
-
-    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
+    async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
         if self.fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
             return Err(HandlerError::Retryable("database unavailable (injected)".into()));
         }
-        StatsHandler.apply_batch(tx, events).await
+        self.stats.apply(tx, records).await
     }
 }
 
@@ -457,7 +455,7 @@ async fn retryable_failure_pauses_and_never_dead_letters() -> anyhow::Result<()>
     bed.publish(&bed.events(0, 5)?).await?;
     let sub = Name::Stats.subscription(&bed.group_prefix, &bed.brokers, &bed.topics.events);
     let (stop, metrics) = (CancellationToken::new(), Metrics::default());
-    let handler = Flaky { fail: AtomicU32::new(4) };
+    let handler = Flaky { fail: AtomicU32::new(4), stats: Live::new(Stats, &bed.topics.events) };
     let options = Options::default();
     let runner = herald_consumer::run_subscription(&sub, &bed.db, &handler, &options, &metrics, stop.clone());
     let watcher = async {

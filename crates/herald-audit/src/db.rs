@@ -55,7 +55,7 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         intents: select(&mut tx, "SELECT idempotency_key, status, source, event_id, recipient FROM notification_intents", intent).await?,
         completions,
         undecodable_completions,
-        stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters", stats_counter).await?,
+        stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters c JOIN active_generations g ON g.projection = 'stats' AND c.generation = g.generation", stats_counter).await?,
         dead_letters: select(
             &mut tx,
             "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers FROM dead_letters",

@@ -4,10 +4,10 @@
 //! culprit is retried (boundedly) and then dead-lettered; a retryable failure
 //! pauses the subscription and retries, and never dead-letters.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use herald_envelope::{DecodedEvent, Registry, decode_any_with};
-use herald_store::dead_letter;
+use herald_store::{dead_letter, positions};
 use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
 use rdkafka::message::{Message, OwnedMessage};
@@ -16,6 +16,7 @@ use tracing::warn;
 
 use crate::letters::{self, Backoff};
 use crate::metrics::Metrics;
+use crate::handler::Record;
 use crate::{Handler, HandlerError, Options};
 
 /// Each record of a batch decoded (or why not), in the batch's order.
@@ -106,7 +107,7 @@ impl<H: Handler> Applier<'_, H> {
             match p {
                 Parsed::Event(event) if seen.insert(&event.key) => {
                     entries.push(Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) });
-                    candidates.push(event);
+                    candidates.push((msg, event));
                 }
                 // The same fact twice in one batch (e.g. both envelopes).
                 Parsed::Event(_) => counts.duplicates += 1,
@@ -115,9 +116,10 @@ impl<H: Handler> Applier<'_, H> {
             }
         }
         let mut tx = self.db.begin().await?;
+        advance_positions(&mut tx, self.subscription, batch).await?;
         let first = inbox::claim_batch(&mut tx, self.subscription, &entries).await?;
-        let new: Vec<&DecodedEvent> = candidates.iter().copied().filter(|e| first.contains(&e.key)).collect();
-        self.handler.apply_batch(&mut tx, &new).await?;
+        let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
+        self.handler.apply(&mut tx, &new).await?;
         for (msg, p) in batch.iter().zip(parsed) {
             if let Parsed::Poison(reason) = p {
                 let letter = letters::letter(self.subscription, msg, None, reason, 1);
@@ -185,10 +187,11 @@ impl<H: Handler> Applier<'_, H> {
 
     async fn try_single(&self, msg: &OwnedMessage, event: &DecodedEvent) -> Result<bool, HandlerError> {
         let mut tx = self.db.begin().await?;
+        advance_positions(&mut tx, self.subscription, std::slice::from_ref(msg)).await?;
         let entry = Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) };
         let first = !inbox::claim_batch(&mut tx, self.subscription, &[entry]).await?.is_empty();
         if first {
-            self.handler.apply_batch(&mut tx, &[event]).await?;
+            self.handler.apply(&mut tx, &[record(msg, event)]).await?;
         }
         tx.commit().await.map_err(StoreError::from)?;
         Ok(first)
@@ -213,6 +216,23 @@ impl<H: Handler> Applier<'_, H> {
         }
         stored
     }
+}
+
+fn record<'a>(msg: &OwnedMessage, event: &'a DecodedEvent) -> Record<'a> {
+    Record { event, partition: msg.partition(), offset: msg.offset() }
+}
+
+/// The first statement of every batch transaction: see `herald_store::positions`.
+async fn advance_positions(tx: &mut herald_store::Tx<'_>, subscription: &str, batch: &[OwnedMessage]) -> Result<(), StoreError> {
+    let mut by_topic: BTreeMap<&str, BTreeMap<i32, i64>> = BTreeMap::new();
+    for msg in batch {
+        let next = by_topic.entry(msg.topic()).or_default().entry(msg.partition()).or_insert(0);
+        *next = (*next).max(msg.offset() + 1);
+    }
+    for (topic, next) in by_topic {
+        positions::advance(tx, subscription, topic, &next).await?;
+    }
+    Ok(())
 }
 
 fn delivery(msg: &OwnedMessage) -> Delivery<'_> {

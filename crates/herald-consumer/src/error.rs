@@ -71,3 +71,26 @@ pub enum RunError {
     #[error("internal: {0}")]
     Internal(String),
 }
+
+/// Why a replay stopped before it reached its boundary.
+#[derive(Debug, Error)]
+pub enum ReplayError {
+    /// Reading the broker failed: check it and run the rebuild again (it resumes).
+    #[error("kafka: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    /// The database failed: run the rebuild again (it resumes).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The projection refused a batch: a defect or bad data, see the reason.
+    #[error("projection: {0}")]
+    Projection(#[from] HandlerError),
+    /// A replay task failed (a panic): a defect.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<sqlx::Error> for ReplayError {
+    fn from(e: sqlx::Error) -> Self {
+        ReplayError::Store(StoreError::from(e))
+    }
+}

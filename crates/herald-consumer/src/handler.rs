@@ -7,33 +7,25 @@ use herald_store::Tx;
 
 use crate::HandlerError;
 
-/// A projection or effect driven by events. `apply_batch` runs inside the
+/// One event to apply, with where it was read: generation-aware handlers
+/// (see [`crate::projection`]) decide by its offset which generations own it.
+#[derive(Debug, Clone, Copy)]
+pub struct Record<'a> {
+    pub event: &'a DecodedEvent,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// A projection or effect driven by events. `apply` runs inside the
 /// transaction that also records the inbox rows, and only with events the
 /// subscription has not applied before — each at most once per batch.
 pub trait Handler: Send + Sync {
     /// Event types this handler applies; others are skipped (and counted).
     fn handles(&self, event_type: &str) -> bool;
 
-    /// Applies one event.
-    fn apply(
-        &self,
-        tx: &mut Tx<'_>,
-        event: &DecodedEvent,
-    ) -> impl Future<Output = Result<(), HandlerError>> + Send;
-
-    /// Applies many events in one go; handlers override it with set-based
-    /// SQL for throughput. An error rolls the whole batch back and the
-    /// runtime retries its events one by one to find the culprit.
-    fn apply_batch(
-        &self,
-        tx: &mut Tx<'_>,
-        events: &[&DecodedEvent],
-    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        async move {
-            for event in events {
-                self.apply(tx, event).await?;
-            }
-            Ok(())
-        }
-    }
+    /// Applies a batch of records (of a lane's partitions, in offset order
+    /// per partition); set-based SQL for throughput. An error rolls the
+    /// whole batch back and the runtime retries its records one by one to
+    /// find the culprit.
+    fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> impl Future<Output = Result<(), HandlerError>> + Send;
 }

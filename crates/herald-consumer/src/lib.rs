@@ -9,6 +9,11 @@
 //! - `batch` (private): one batch's transaction; permanent failures are
 //!   isolated record by record and dead-lettered after bounded retries;
 //!   retryable failures pause and retry, never dead-letter.
+//! - [`projection`]: read models in generations ([`Projection`]) and their
+//!   live source ([`Live`]), a [`Handler`] that writes each record to the
+//!   generations owning its offset.
+//! - [`replay`]: the other source — retained history into one generation,
+//!   up to its boundary (its write: `replay_write`).
 //! - [`redrive`]: dead letters back through the same inbox and handler, or
 //!   the same [`Processor`].
 //! - [`runtime`]: the one-record-at-a-time loop of non-inbox [`Processor`]s
@@ -24,16 +29,20 @@
 pub mod context;
 pub mod handler;
 pub mod metrics;
+pub mod projection;
 pub mod redrive;
+pub mod replay;
 pub mod runtime;
 pub mod subscription;
 
 mod batch;
 mod error;
 mod letters;
+mod replay_write;
 
-pub use error::{HandlerError, ProcessError, RunError};
-pub use handler::Handler;
+pub use error::{HandlerError, ProcessError, ReplayError, RunError};
+pub use handler::{Handler, Record};
+pub use projection::{Fingerprint, Live, Projection};
 pub use metrics::{Metrics, Snapshot};
 pub use redrive::{Redriven, redrive, redrive_processor, redrive_with};
 pub use runtime::{Processed, Processor, Subscription, run};

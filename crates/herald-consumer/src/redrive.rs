@@ -15,7 +15,7 @@ use herald_store::inbox::{self, Delivery, Entry};
 use herald_store::{Db, StoreError};
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
 
-use crate::{Handler, HandlerError, ProcessError, Processed, Processor};
+use crate::{Handler, HandlerError, ProcessError, Processed, Processor, Record};
 
 /// What a redrive did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub async fn redrive_with<H: Handler>(db: &Db, handler: &H, registry: &Registry,
             if inbox::claim_batch(&mut tx, &letter.subscription, &[entry]).await?.is_empty() {
                 Redriven::AlreadyApplied
             } else {
-                handler.apply_batch(&mut tx, &[&event]).await?;
+                handler.apply(&mut tx, &[Record { event: &event, partition: letter.partition, offset: letter.offset }]).await?;
                 Redriven::Applied
             }
         };

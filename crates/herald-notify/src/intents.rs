@@ -6,7 +6,7 @@
 //! the intent's own key (`ON CONFLICT DO NOTHING`), which also holds for a
 //! fact that reaches this table by another path, e.g. a redrive.
 
-use herald_consumer::{Handler, HandlerError};
+use herald_consumer::{Handler, HandlerError, Record};
 use herald_envelope::{DecodedEvent, EventData, EventKey, ExportCompleted};
 use herald_store::{Db, StoreError, Tx, now_ms};
 use sha2::{Digest, Sha256};
@@ -42,15 +42,11 @@ impl Handler for NotifyHandler {
         event_type == ExportCompleted::EVENT_TYPE
     }
 
-    async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
-        self.apply_batch(tx, &[event]).await
-    }
-
-    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
-        let mut rows = Vec::with_capacity(events.len());
-        for event in events {
-            let data: ExportCompleted = event.data_as()?;
-            rows.push((*event, data));
+    async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
+        let mut rows = Vec::with_capacity(records.len());
+        for record in records {
+            let data: ExportCompleted = record.event.data_as()?;
+            rows.push((record.event, data));
         }
         insert(tx, &rows).await?;
         Ok(())

@@ -1,45 +1,69 @@
 //! The stats projection: completed exports and bytes by day (UTC), caller and
 //! format. Its effect is an increment — not idempotent by itself — so it is
 //! exactly the kind of effect the inbox exists for: a redelivered or rewound
-//! completion must not count twice.
+//! completion must not count twice, and a replay keeps its own dedup scope
+//! per generation. Counters live in generations, like search documents, so
+//! stats can be rebuilt (`herald rebuild stats`).
 
 use std::collections::BTreeMap;
 
-use herald_consumer::{Handler, HandlerError};
+use herald_consumer::{Fingerprint, HandlerError, Projection};
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted};
 use herald_store::{Db, StoreError, Tx, now_ms};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 /// Subscription name, and so consumer group `herald.stats`.
 pub const SUBSCRIPTION: &str = "stats";
 
 /// Counts `herald.export.completed`.
-#[derive(Debug, Clone, Default)]
-pub struct StatsHandler;
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats;
 
 type CounterKey = (String, String, String);
 
-impl Handler for StatsHandler {
-    fn handles(&self, event_type: &str) -> bool {
+impl Projection for Stats {
+    const NAME: &'static str = SUBSCRIPTION;
+    const IDEMPOTENT: bool = false;
+    type Fact = ExportCompleted;
+
+    fn handles(event_type: &str) -> bool {
         event_type == ExportCompleted::EVENT_TYPE
     }
 
-    async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
-        self.apply_batch(tx, &[event]).await
+    fn fact(event: &DecodedEvent) -> Result<ExportCompleted, HandlerError> {
+        Ok(event.data_as()?)
     }
 
-    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
+    async fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&ExportCompleted]) -> Result<(), HandlerError> {
         // Sorted keys: concurrent batches lock counter rows in one order.
         let mut sums: BTreeMap<CounterKey, (i64, i64)> = BTreeMap::new();
-        for event in events {
-            let data: ExportCompleted = event.data_as()?;
-            let sum = sums.entry((day_of(data.completed_at_ms), data.caller, data.format)).or_default();
+        for data in facts {
+            let sum = sums.entry((day_of(data.completed_at_ms), data.caller.clone(), data.format.clone())).or_default();
             sum.0 += 1;
             sum.1 += data.size_bytes;
         }
-        increment(tx, &sums).await?;
+        increment(tx, generation, &sums).await?;
         Ok(())
+    }
+
+    async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
+        let rows = sqlx::query("SELECT day, caller, format, exports, bytes FROM stats_counters WHERE generation = $1 ORDER BY day, caller, format")
+            .bind(generation)
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut hash = Sha256::new();
+        for row in &rows {
+            for column in ["day", "caller", "format"] {
+                hash.update(row.try_get::<String, _>(column)?.as_bytes());
+                hash.update([0]);
+            }
+            hash.update(row.try_get::<i64, _>("exports")?.to_be_bytes());
+            hash.update(row.try_get::<i64, _>("bytes")?.to_be_bytes());
+        }
+        let checksum = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(Fingerprint { rows: rows.len() as i64, other: 0, checksum })
     }
 }
 
@@ -48,21 +72,21 @@ pub fn day_of(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default().format("%Y-%m-%d").to_string()
 }
 
-async fn increment(tx: &mut Tx<'_>, sums: &BTreeMap<CounterKey, (i64, i64)>) -> Result<(), StoreError> {
+async fn increment(tx: &mut Tx<'_>, generation: i64, sums: &BTreeMap<CounterKey, (i64, i64)>) -> Result<(), StoreError> {
     let now = now_ms();
     let entries: Vec<_> = sums.iter().collect();
     for chunk in herald_store::outbox::statement_chunks(&entries) {
         let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 6 + 1, 6))).collect();
+            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 7 + 1, 7))).collect();
         let sql = format!(
-            "INSERT INTO stats_counters (day, caller, format, exports, bytes, updated_at_ms) VALUES {} \
-             ON CONFLICT (day, caller, format) DO UPDATE SET exports = stats_counters.exports + excluded.exports, \
+            "INSERT INTO stats_counters (generation, day, caller, format, exports, bytes, updated_at_ms) VALUES {} \
+             ON CONFLICT (generation, day, caller, format) DO UPDATE SET exports = stats_counters.exports + excluded.exports, \
              bytes = stats_counters.bytes + excluded.bytes, updated_at_ms = excluded.updated_at_ms",
             values.join(", ")
         );
         let mut query = sqlx::query(&sql);
         for ((day, caller, format), (exports, bytes)) in chunk {
-            query = query.bind(day).bind(caller).bind(format).bind(*exports).bind(*bytes).bind(now);
+            query = query.bind(generation).bind(day).bind(caller).bind(format).bind(*exports).bind(*bytes).bind(now);
         }
         query.execute(&mut **tx).await?;
     }
@@ -78,11 +102,15 @@ pub struct Counter {
     pub bytes: i64,
 }
 
-/// Every counter, by day, caller and format.
+/// Every counter of the active generation, by day, caller and format.
 pub async fn counters(db: &Db) -> Result<Vec<Counter>, StoreError> {
-    let rows = sqlx::query("SELECT day, caller, format, exports, bytes FROM stats_counters ORDER BY day, caller, format")
-        .fetch_all(db.pool())
-        .await?;
+    let rows = sqlx::query(
+        "SELECT day, caller, format, exports, bytes FROM stats_counters c JOIN active_generations g \
+         ON g.projection = $1 AND c.generation = g.generation ORDER BY day, caller, format",
+    )
+    .bind(SUBSCRIPTION)
+    .fetch_all(db.pool())
+    .await?;
     rows.iter()
         .map(|r| {
             Ok(Counter {
@@ -96,9 +124,15 @@ pub async fn counters(db: &Db) -> Result<Vec<Counter>, StoreError> {
         .collect()
 }
 
-/// Completed exports counted over all days, callers and formats.
+/// Completed exports counted over all days, callers and formats (active generation).
 pub async fn total_exports(db: &Db) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT CAST(COALESCE(SUM(exports), 0) AS BIGINT) AS n FROM stats_counters").fetch_one(db.pool()).await?;
+    let row = sqlx::query(
+        "SELECT CAST(COALESCE(SUM(exports), 0) AS BIGINT) AS n FROM stats_counters c JOIN active_generations g \
+         ON g.projection = $1 AND c.generation = g.generation",
+    )
+    .bind(SUBSCRIPTION)
+    .fetch_one(db.pool())
+    .await?;
     Ok(row.try_get("n")?)
 }
 

@@ -20,9 +20,6 @@ pub enum RebuildError {
     /// and reads stay where they are.
     #[error("generation {generation} does not match generation {active}: {detail}")]
     Mismatch { generation: i64, active: i64, detail: String },
-    /// Live traffic did not pass the boundary in time (is the live
-    /// subscription running?): rerun later; the generation waits in
-    /// `catching_up` and keeps receiving live writes.
     /// Retention removed records the active generation was built from: the
     /// rebuild would silently lose their documents. Reject; rerun with
     /// `--from-snapshot` (a snapshot covering the gap).
@@ -35,6 +32,8 @@ pub enum RebuildError {
     /// The snapshot file could not be read or written: fix the path.
     #[error("snapshot file: {0}")]
     Io(#[from] std::io::Error),
-    #[error("live subscription is still behind the boundary after {0:?}: {1}")]
-    CatchUpTimeout(std::time::Duration, String),
+    /// The replay stopped (broker, database, a projection defect): rerun
+    /// to resume from the stored positions.
+    #[error("replay: {0}")]
+    Replay(#[from] herald_consumer::ReplayError),
 }

@@ -1,23 +1,20 @@
-//! The generations of a projection and the transactions that move reads
-//! between them.
+//! The generations of a projection and the transactions that open them and
+//! move reads between them. States, positions and what live traffic reads
+//! are the engine's (`herald_store::generations`, re-exported here).
+
+use std::collections::BTreeMap;
 
 use herald_projections::search::{self, DocumentRow};
-use herald_store::{Db, StoreError, Tx, now_ms};
+use herald_store::{Db, StoreError, now_ms, positions};
 use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::RebuildError;
+pub use herald_store::generations::{
+    ACTIVE, ARCHIVED, BUILDING, CATCHING_UP, FAILED, LIVE_STATES, Position, READY, RETIRED, active, advance, positions,
+};
 
-pub const BUILDING: &str = "building";
-pub const CATCHING_UP: &str = "catching_up";
-pub const READY: &str = "ready";
-pub const ACTIVE: &str = "active";
-/// The previous active generation: still written live, the rollback target.
-pub const RETIRED: &str = "retired";
-/// Older than the rollback target: no longer written, may be dropped.
-pub const ARCHIVED: &str = "archived";
-pub const FAILED: &str = "failed";
+use crate::RebuildError;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Generation {
@@ -30,23 +27,15 @@ pub struct Generation {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub switched_at_ms: Option<i64>,
+    /// `live` or `offline` (see [`Boundary`]); none for generations opened
+    /// before boundaries were kept.
+    pub boundary_mode: Option<String>,
+    /// Offline: the database time before the topic's end was read.
+    pub settled_before_ms: Option<i64>,
 }
 
-/// A generation's read position in one partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Position {
-    pub partition: i32,
-    pub next_offset: i64,
-    pub boundary_offset: i64,
-}
-
-impl Position {
-    pub fn done(&self) -> bool {
-        self.next_offset >= self.boundary_offset
-    }
-}
-
-const COLUMNS: &str = "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms";
+const COLUMNS: &str =
+    "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms, boundary_mode, settled_before_ms";
 
 fn row_to_generation(row: &AnyRow) -> Result<Generation, StoreError> {
     Ok(Generation {
@@ -59,7 +48,30 @@ fn row_to_generation(row: &AnyRow) -> Result<Generation, StoreError> {
         created_at_ms: row.try_get("created_at_ms")?,
         updated_at_ms: row.try_get("updated_at_ms")?,
         switched_at_ms: row.try_get("switched_at_ms")?,
+        boundary_mode: row.try_get("boundary_mode")?,
+        settled_before_ms: row.try_get("settled_before_ms")?,
     })
+}
+
+/// Makes `projection` known with generation 1 active, unless it is: what a
+/// projection of your own needs once (Herald's own get it from migrations).
+pub async fn register(db: &Db, projection: &str) -> Result<(), StoreError> {
+    let mut tx = db.begin().await?;
+    sqlx::query("INSERT INTO active_generations (projection, generation) VALUES ($1, 1) ON CONFLICT (projection) DO NOTHING")
+        .bind(projection)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO projection_generations (projection, generation, state, created_at_ms, updated_at_ms) VALUES ($1, 1, $2, $3, $3) \
+         ON CONFLICT (projection, generation) DO NOTHING",
+    )
+    .bind(projection)
+    .bind(ACTIVE)
+    .bind(now_ms())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Every generation of `projection`, newest first.
@@ -73,29 +85,81 @@ pub async fn in_state(db: &Db, projection: &str, states: &[&str]) -> Result<Opti
     Ok(list(db, projection).await?.into_iter().find(|g| states.contains(&g.state.as_str())))
 }
 
-/// Creates generation N+1 in `building`, with its boundary and start offsets
-/// per partition, the history it needs (its start offsets) and the
-/// documents of a snapshot it starts from, in one transaction: from its
-/// commit on, live traffic writes it too, and everything between the starts
-/// and the boundary is the replay's.
-pub async fn create_next(db: &Db, projection: &str, topic: &str, positions: &[Position], documents: &[DocumentRow]) -> Result<Generation, StoreError> {
+/// Where a new generation's replay ends and live traffic's part begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// Where live traffic stands: replay what it has applied, live traffic
+    /// writes the rest. Nothing to wait for.
+    Live,
+    /// At least the end of the topic (the high watermarks given, read after
+    /// `settled_before_ms` on the database's clock): replay everything there
+    /// is; live traffic, when it resumes, writes only what is past it. For a
+    /// live subscription that is stopped or far behind.
+    Offline { settled_before_ms: i64 },
+}
+
+impl Boundary {
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Boundary::Live => "live",
+            Boundary::Offline { .. } => "offline",
+        }
+    }
+}
+
+/// Opens generation N+1 in `building` in one transaction: its start per
+/// partition (`starts`: `next_offset` where the replay begins, the high
+/// watermark in `boundary_offset`), its boundaries, the history it needs
+/// and the documents of a snapshot it starts from. The live subscription's
+/// positions are locked while the boundaries are set from them, so every
+/// record is the replay's (below) or live traffic's (at or above), never
+/// both and never neither (see `herald_store::positions`).
+pub async fn open_next(
+    db: &Db,
+    projection: &str,
+    topic: &str,
+    starts: &[Position],
+    boundary: Boundary,
+    documents: &[DocumentRow],
+) -> Result<(Generation, Vec<Position>), StoreError> {
     let now = now_ms();
     let mut tx = db.begin().await?;
+    let partitions: Vec<i32> = starts.iter().map(|p| p.partition).collect();
+    // A projection's live subscription bears its name.
+    let live: BTreeMap<i32, i64> = positions::lock(db, &mut tx, projection, topic, &partitions).await?;
+    let positions: Vec<Position> = starts
+        .iter()
+        .map(|p| {
+            let live = live.get(&p.partition).copied().unwrap_or(0);
+            let boundary_offset = match boundary {
+                Boundary::Live => live,
+                Boundary::Offline { .. } => live.max(p.boundary_offset),
+            };
+            Position { partition: p.partition, next_offset: p.next_offset, boundary_offset }
+        })
+        .collect();
     let next: i64 = sqlx::query("SELECT COALESCE(MAX(generation), 0) + 1 AS n FROM projection_generations WHERE projection = $1")
         .bind(projection)
         .fetch_one(&mut *tx)
         .await?
         .try_get("n")?;
+    let settled = match boundary {
+        Boundary::Live => None,
+        Boundary::Offline { settled_before_ms } => Some(settled_before_ms),
+    };
     sqlx::query(
-        "INSERT INTO projection_generations (projection, generation, state, created_at_ms, updated_at_ms) VALUES ($1, $2, $3, $4, $4)",
+        "INSERT INTO projection_generations (projection, generation, state, created_at_ms, updated_at_ms, boundary_mode, \
+         settled_before_ms) VALUES ($1, $2, $3, $4, $4, $5, $6)",
     )
     .bind(projection)
     .bind(next)
     .bind(BUILDING)
     .bind(now)
+    .bind(boundary.mode())
+    .bind(settled)
     .execute(&mut *tx)
     .await?;
-    for p in positions {
+    for p in &positions {
         sqlx::query(
             "INSERT INTO generation_positions (projection, generation, topic, kafka_partition, next_offset, boundary_offset) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -109,45 +173,14 @@ pub async fn create_next(db: &Db, projection: &str, topic: &str, positions: &[Po
         .execute(&mut *tx)
         .await?;
     }
-    let starts: Vec<(i32, i64)> = positions.iter().map(|p| (p.partition, p.next_offset)).collect();
-    crate::history::record(&mut tx, projection, next, topic, &starts).await?;
+    let history: Vec<(i32, i64)> = positions.iter().map(|p| (p.partition, p.next_offset)).collect();
+    crate::history::record(&mut tx, projection, next, topic, &history).await?;
     for chunk in documents.chunks(10_000) {
         search::upsert_rows(&mut tx, next, chunk).await?;
     }
     tx.commit().await?;
-    Ok(list(db, projection).await?.into_iter().find(|g| g.generation == next).expect("just created"))
-}
-
-pub async fn positions(db: &Db, projection: &str, generation: i64) -> Result<Vec<Position>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT kafka_partition, next_offset, boundary_offset FROM generation_positions \
-         WHERE projection = $1 AND generation = $2 ORDER BY kafka_partition",
-    )
-    .bind(projection)
-    .bind(generation)
-    .fetch_all(db.pool())
-    .await?;
-    rows.iter()
-        .map(|r| Ok(Position { partition: r.try_get("kafka_partition")?, next_offset: r.try_get("next_offset")?, boundary_offset: r.try_get("boundary_offset")? }))
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(StoreError::from)
-}
-
-/// Advances a position inside the replay's transaction, so the documents and
-/// the position that produced them commit together: a rebuild killed at any
-/// point resumes exactly after what it applied.
-pub async fn advance(tx: &mut Tx<'_>, projection: &str, generation: i64, partition: i32, next_offset: i64) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE generation_positions SET next_offset = $1 WHERE projection = $2 AND generation = $3 AND kafka_partition = $4 \
-         AND next_offset < $1",
-    )
-    .bind(next_offset)
-    .bind(projection)
-    .bind(generation)
-    .bind(partition)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
+    let generation = list(db, projection).await?.into_iter().find(|g| g.generation == next).expect("just created");
+    Ok((generation, positions))
 }
 
 pub async fn set_state(db: &Db, projection: &str, generation: i64, state: &str, detail: Option<&str>) -> Result<(), StoreError> {
@@ -235,12 +268,4 @@ pub async fn rollback(db: &Db, projection: &str) -> Result<i64, RebuildError> {
     };
     switch_to(db, projection, previous.generation).await?;
     Ok(previous.generation)
-}
-
-pub async fn active(db: &Db, projection: &str) -> Result<i64, StoreError> {
-    Ok(sqlx::query("SELECT generation FROM active_generations WHERE projection = $1")
-        .bind(projection)
-        .fetch_one(db.pool())
-        .await?
-        .try_get("generation")?)
 }

@@ -99,13 +99,9 @@ pub async fn record_live_start(db: &Db, projection: &str, topic: &str, starts: &
         return Ok(());
     }
     let mut tx = db.begin().await?;
-    let live: Vec<i64> = sqlx::query("SELECT generation FROM projection_generations WHERE projection = $1 AND state IN ($2, $3, $4, $5, $6)")
+    let sql = format!("SELECT generation FROM projection_generations WHERE projection = $1 AND {}", herald_store::generations::live_states_sql());
+    let live: Vec<i64> = sqlx::query(&sql)
         .bind(projection)
-        .bind(herald_projections::search::LIVE_STATES[0])
-        .bind(herald_projections::search::LIVE_STATES[1])
-        .bind(herald_projections::search::LIVE_STATES[2])
-        .bind(herald_projections::search::LIVE_STATES[3])
-        .bind(herald_projections::search::LIVE_STATES[4])
         .fetch_all(&mut *tx)
         .await?
         .iter()

@@ -1,23 +1,26 @@
-//! The rebuild procedure: create (or resume) generation N+1, replay to the
-//! boundary, wait until live traffic passed the boundary, verify against the
-//! active generation, and switch reads — or stop at `ready`.
+//! The rebuild procedure: plan, open generation N+1 with its boundary (or
+//! resume it), replay to the boundary, verify, and switch reads — or stop
+//! at `ready`.
 
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
 
+use herald_consumer::Projection;
+use herald_consumer::replay::{self, ReplayProgress};
+use herald_projections::search::DocumentRow;
 use herald_store::Db;
+use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
+use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::generations::{self, BUILDING, CATCHING_UP, FAILED, Position};
-use crate::history;
+use crate::generations::{self, BUILDING, Boundary, CATCHING_UP, FAILED, Generation, Position, READY};
 use crate::snapshot::{self, Snapshot};
-use herald_projections::search::DocumentRow;
-use crate::replay::{self, ReplayProgress};
-use crate::verify;
-use crate::{Projection, RebuildError};
+use crate::{RebuildError, history, verify};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SwitchMode {
@@ -31,14 +34,10 @@ pub enum SwitchMode {
 pub struct RebuildOptions {
     pub brokers: String,
     pub topic: String,
-    /// The live subscription's consumer group, whose progress past the
-    /// boundary completes the new generation.
-    pub live_group: String,
     pub switch: SwitchMode,
-    /// Records the live group may still be short of the boundary (summed over
-    /// partitions) when verification starts; 0 means "all of them".
-    pub lag_threshold: i64,
-    pub catch_up_timeout: Duration,
+    /// Replay to the end of the topic and verify against the projection's
+    /// source of truth: for a live subscription that is stopped or behind.
+    pub offline: bool,
     /// Plan only: print the boundary and what would be replayed.
     pub dry_run: bool,
     /// Records per replay transaction.
@@ -46,6 +45,32 @@ pub struct RebuildOptions {
     /// Start from this snapshot (`herald snapshot search`) instead of the
     /// earliest retained records.
     pub from_snapshot: Option<std::path::PathBuf>,
+    /// Fault-injection point, `None` in production: runs after the topic's
+    /// ends were read and before the generation opens — the window in which
+    /// records appended and applied live used to be lost to a rebuild.
+    pub before_open: Option<FaultPoint>,
+}
+
+type Hook = dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+/// A test's code at a point of the rebuild.
+#[derive(Clone)]
+pub struct FaultPoint(Arc<Hook>);
+
+impl FaultPoint {
+    pub fn new<F, Fut>(hook: F) -> FaultPoint
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        FaultPoint(Arc::new(move || Box::pin(hook())))
+    }
+}
+
+impl std::fmt::Debug for FaultPoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FaultPoint")
+    }
 }
 
 impl Default for RebuildOptions {
@@ -53,13 +78,12 @@ impl Default for RebuildOptions {
         RebuildOptions {
             brokers: String::new(),
             topic: String::new(),
-            live_group: String::new(),
             switch: SwitchMode::Auto,
-            lag_threshold: 0,
-            catch_up_timeout: Duration::from_secs(600),
+            offline: false,
             dry_run: false,
             batch: replay::DEFAULT_BATCH,
             from_snapshot: None,
+            before_open: None,
         }
     }
 }
@@ -72,63 +96,156 @@ pub trait Progress: Send {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RebuildReport {
+    pub projection: String,
     pub generation: i64,
     pub previous_active: i64,
     pub state: String,
     pub replayed: u64,
     pub to_replay: u64,
+    /// Rows reads can find in the new generation (documents, counters).
     pub documents: Option<i64>,
     pub switched: bool,
     pub resumed: bool,
     pub dry_run: bool,
+    pub offline: bool,
+    /// Why a generation stayed `ready` without an automatic switch.
+    pub detail: Option<String>,
 }
 
-pub async fn rebuild<P: Projection>(db: &Db, options: &RebuildOptions, progress: &mut dyn Progress, shutdown: &CancellationToken) -> Result<RebuildReport, RebuildError> {
+pub async fn rebuild<P: Projection>(
+    db: &Db,
+    projection: &P,
+    options: &RebuildOptions,
+    progress: &mut dyn Progress,
+    shutdown: &CancellationToken,
+) -> Result<RebuildReport, RebuildError> {
     let previous_active = generations::active(db, P::NAME).await?;
     let resumable = generations::in_state(db, P::NAME, &[BUILDING, CATCHING_UP]).await?;
     let resumed = resumable.is_some();
-    let generation = match resumable {
-        Some(g) => g.generation,
-        None => {
-            let watermarks = watermarks(&options.brokers, &options.topic).await?;
-            let (boundary, documents) = plan::<P>(db, options, previous_active, &watermarks).await?;
-            if options.dry_run {
-                let to_replay = boundary.iter().map(|p| (p.boundary_offset - p.next_offset).max(0) as u64).sum();
-                return Ok(RebuildReport { generation: 0, previous_active, state: "planned".into(), replayed: 0, to_replay, documents: None, switched: false, resumed: false, dry_run: true });
+    let opened = match resumable {
+        Some(g) => g,
+        None => match open::<P>(db, options, previous_active).await? {
+            Opened::Generation(g) => g,
+            Opened::Planned(positions) => {
+                let to_replay = positions.iter().map(|p| u64::try_from(p.boundary_offset - p.next_offset).unwrap_or(0)).sum();
+                return Ok(report::<P>(0, previous_active, "planned", options, ReplayProgress { total: to_replay, ..Default::default() }, true));
             }
-            generations::create_next(db, P::NAME, &options.topic, &boundary, &documents).await?.generation
+        },
+    };
+    let generation = opened.generation;
+    let verb = if resumed { "resuming" } else { "building" };
+    progress.phase(&format!("{} {verb} generation {generation}: replaying to the boundary", P::NAME));
+    let replayed = replay::replay(db, projection, &options.brokers, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p)).await?;
+    let mut report = report::<P>(generation, previous_active, BUILDING, options, replayed, false);
+    report.resumed = resumed;
+    report.offline = opened.boundary_mode.as_deref() == Some("offline");
+    if shutdown.is_cancelled() {
+        return Ok(report);
+    }
+    progress.phase(&format!("{} generation {generation}: verifying", P::NAME));
+    let rows = match verified(db, projection, &opened, previous_active).await? {
+        Verified::Rows(rows) => rows,
+        Verified::Unverifiable(rows, why) => {
+            generations::record_verification(db, P::NAME, generation, rows, "unverified").await?;
+            generations::set_state(db, P::NAME, generation, READY, Some(&why)).await?;
+            (report.state, report.documents, report.detail) = (READY.into(), Some(rows), Some(why));
+            progress.phase(&format!("{} generation {generation}: ready, not switched", P::NAME));
+            return Ok(report);
         }
     };
-    progress.phase(&format!("{} generation {generation}: replaying to the boundary", if resumed { "resuming" } else { "building" }));
-    let replayed = replay::replay::<P>(db, &options.brokers, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p)).await?;
-    let mut report = RebuildReport { generation, previous_active, state: BUILDING.into(), replayed: replayed.done, to_replay: replayed.total, documents: None, switched: false, resumed, dry_run: false };
-    if shutdown.is_cancelled() {
-        return Ok(report);
-    }
-    generations::set_state(db, P::NAME, generation, CATCHING_UP, None).await?;
-    progress.phase(&format!("generation {generation}: waiting for live traffic to pass the boundary"));
-    wait_for_live::<P>(db, options, generation, shutdown).await?;
-    if shutdown.is_cancelled() {
-        report.state = CATCHING_UP.into();
-        return Ok(report);
-    }
-    let (active, fresh) = verify::fingerprints(db, previous_active, generation).await?;
-    if active != fresh {
-        let detail = format!("{} documents vs {} in the active generation (checksums {} / {})", fresh.documents, active.documents, fresh.checksum, active.checksum);
-        generations::set_state(db, P::NAME, generation, FAILED, Some(&detail)).await?;
-        return Err(RebuildError::Mismatch { generation, active: previous_active, detail });
-    }
-    generations::record_verification(db, P::NAME, generation, fresh.documents, &fresh.checksum).await?;
-    report.state = generations::READY.into();
-    report.documents = Some(fresh.documents);
+    report.state = READY.into();
+    report.documents = Some(rows);
     if options.switch == SwitchMode::Auto {
         generations::switch_to(db, P::NAME, generation).await?;
         report.state = generations::ACTIVE.into();
         report.switched = true;
-        info!(generation, previous_active, "reads switched");
+        info!(projection = P::NAME, generation, previous_active, "reads switched");
     }
-    progress.phase(&format!("generation {generation}: {}", report.state));
+    progress.phase(&format!("{} generation {generation}: {}", P::NAME, report.state));
     Ok(report)
+}
+
+fn report<P: Projection>(generation: i64, previous_active: i64, state: &str, options: &RebuildOptions, replayed: ReplayProgress, dry_run: bool) -> RebuildReport {
+    RebuildReport {
+        projection: P::NAME.to_owned(),
+        generation,
+        previous_active,
+        state: state.to_owned(),
+        replayed: replayed.done,
+        to_replay: replayed.total,
+        documents: None,
+        switched: false,
+        resumed: false,
+        dry_run,
+        offline: options.offline,
+        detail: None,
+    }
+}
+
+enum Opened {
+    Generation(Generation),
+    /// A dry run: the positions a generation would get.
+    Planned(Vec<Position>),
+}
+
+/// Plans and opens the next generation: where it starts (the earliest
+/// retained records, or a snapshot), and its boundary (the live positions,
+/// or offline at least the end of the topic).
+async fn open<P: Projection>(db: &Db, options: &RebuildOptions, previous_active: i64) -> Result<Opened, RebuildError> {
+    let settled_before_ms = db_now(db).await?;
+    let watermarks = watermarks(&options.brokers, &options.topic).await?;
+    let (starts, documents) = plan::<P>(db, options, previous_active, &watermarks).await?;
+    let boundary = if options.offline { Boundary::Offline { settled_before_ms } } else { Boundary::Live };
+    if options.dry_run {
+        let live = herald_store::positions::read(db, P::NAME, &options.topic).await?;
+        let planned = starts
+            .iter()
+            .map(|p| {
+                let live = live.get(&p.partition).copied().unwrap_or(0);
+                let boundary_offset = if options.offline { live.max(p.boundary_offset) } else { live };
+                Position { boundary_offset, ..*p }
+            })
+            .collect();
+        return Ok(Opened::Planned(planned));
+    }
+    if let Some(hook) = &options.before_open {
+        (hook.0)().await;
+    }
+    let (generation, positions) = generations::open_next(db, P::NAME, &options.topic, &starts, boundary, &documents).await?;
+    info!(projection = P::NAME, generation = generation.generation, ?positions, mode = boundary.mode(), "generation opened");
+    Ok(Opened::Generation(generation))
+}
+
+enum Verified {
+    /// Agrees: rows reads can find.
+    Rows(i64),
+    /// Nothing to compare with (offline, no source of truth declared).
+    Unverifiable(i64, String),
+}
+
+/// Online: the new generation against the active one, in one snapshot.
+/// Offline: against the projection's source of truth. A mismatch marks the
+/// generation failed; reads stay where they are.
+async fn verified<P: Projection>(db: &Db, projection: &P, opened: &Generation, active: i64) -> Result<Verified, RebuildError> {
+    let generation = opened.generation;
+    let (old, new) = verify::fingerprints(db, projection, active, generation).await?;
+    let detail = match (opened.boundary_mode.as_deref(), opened.settled_before_ms) {
+        (Some("offline"), Some(settled)) => match projection.verify_source(db, generation, settled).await? {
+            None => {
+                let why = format!("offline: {} declares no source of truth to verify against; check, then `herald rebuild switch {}`", P::NAME, P::NAME);
+                return Ok(Verified::Unverifiable(new.rows, why));
+            }
+            Some(problems) if problems.is_empty() => None,
+            Some(problems) => Some(format!("{} problem(s) against the source of truth: {}", problems.len(), problems.iter().take(5).cloned().collect::<Vec<_>>().join("; "))),
+        },
+        _ => (old != new).then(|| format!("{} rows vs {} in the active generation (checksums {} / {})", new.rows, old.rows, new.checksum, old.checksum)),
+    };
+    if let Some(detail) = detail {
+        generations::set_state(db, P::NAME, generation, FAILED, Some(&detail)).await?;
+        return Err(RebuildError::Mismatch { generation, active, detail });
+    }
+    generations::record_verification(db, P::NAME, generation, new.rows, &new.checksum).await?;
+    Ok(Verified::Rows(new.rows))
 }
 
 /// Where the new generation starts and what it starts with: the earliest
@@ -151,26 +268,13 @@ async fn plan<P: Projection>(db: &Db, options: &RebuildOptions, active: i64, wat
     Ok((watermarks.to_vec(), Vec::new()))
 }
 
-/// Waits until the live group's committed offsets are within the lag
-/// threshold of the boundary: from then on both generations have seen the
-/// same events.
-async fn wait_for_live<P: Projection>(db: &Db, options: &RebuildOptions, generation: i64, shutdown: &CancellationToken) -> Result<(), RebuildError> {
-    let positions = generations::positions(db, P::NAME, generation).await?;
-    let started = Instant::now();
-    loop {
-        let committed = committed_offsets(&options.brokers, &options.live_group, &options.topic, &positions).await?;
-        let lag: i64 = positions.iter().zip(&committed).map(|(p, c)| (p.boundary_offset - c).max(0)).sum();
-        if lag <= options.lag_threshold || shutdown.is_cancelled() {
-            return Ok(());
-        }
-        if started.elapsed() > options.catch_up_timeout {
-            return Err(RebuildError::CatchUpTimeout(options.catch_up_timeout, format!("group {} is {lag} records short", options.live_group)));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// The database's clock.
+async fn db_now(db: &Db) -> Result<i64, RebuildError> {
+    let row = sqlx::query(&format!("SELECT {} AS now_ms", db.now_sql())).fetch_one(db.pool()).await.map_err(herald_store::StoreError::from)?;
+    Ok(row.try_get("now_ms").map_err(herald_store::StoreError::from)?)
 }
 
-/// Start (low watermark) and boundary (high watermark) of every partition.
+/// Start (low watermark) and end (high watermark) of every partition.
 pub async fn watermarks(brokers: &str, topic: &str) -> Result<Vec<Position>, RebuildError> {
     let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
     tokio::task::spawn_blocking(move || {
@@ -189,27 +293,4 @@ pub async fn watermarks(brokers: &str, topic: &str) -> Result<Vec<Position>, Reb
     })
     .await
     .map_err(|e| RebuildError::State(format!("watermark thread: {e}")))?
-}
-
-/// The group's committed offset per partition of `positions` (0 if none).
-async fn committed_offsets(brokers: &str, group: &str, topic: &str, positions: &[Position]) -> Result<Vec<i64>, RebuildError> {
-    let (brokers, group, topic) = (brokers.to_owned(), group.to_owned(), topic.to_owned());
-    let partitions: Vec<i32> = positions.iter().map(|p| p.partition).collect();
-    tokio::task::spawn_blocking(move || {
-        let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).set("group.id", &group).create()?;
-        let mut tpl = TopicPartitionList::new();
-        for p in &partitions {
-            tpl.add_partition(&topic, *p);
-        }
-        let committed = client.committed_offsets(tpl, Duration::from_secs(30))?;
-        Ok(partitions
-            .iter()
-            .map(|p| match committed.find_partition(&topic, *p).map(|e| e.offset()) {
-                Some(Offset::Offset(n)) => n,
-                _ => 0,
-            })
-            .collect())
-    })
-    .await
-    .map_err(|e| RebuildError::State(format!("offsets thread: {e}")))?
 }

@@ -198,3 +198,55 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
         .await?;
     Ok(row.try_get("n")?)
 }
+
+/// One record a replay claims on PostgreSQL's native driver.
+#[derive(Debug, Clone, Copy)]
+pub struct PgEntry<'a> {
+    pub key: &'a EventKey,
+    pub event_type: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+}
+
+/// [`claim_batch`] for a replay on sqlx's native PostgreSQL driver, with
+/// array binds: three statements whatever the batch's size. `Any` cannot
+/// bind arrays, and multi-row `VALUES` through it spends most of a replay's
+/// time in the client (BENCHMARKS.md "Rebuild"). Returns (source, id) of
+/// the keys seen for the first time.
+pub async fn claim_batch_pg(
+    conn: &mut sqlx::PgConnection,
+    scope: &str,
+    topic: &str,
+    entries: &[PgEntry<'_>],
+) -> Result<HashSet<(String, String)>, sqlx::Error> {
+    // A replay's scope is new, so conflicts are rare (a resumed batch):
+    // a plain insert behind a savepoint first, as in `claim_batch`.
+    sqlx::query("SAVEPOINT replay_claim").execute(&mut *conn).await?;
+    match insert_pg(conn, scope, topic, entries, "").await {
+        Ok(_) => return Ok(entries.iter().map(|e| (e.key.source.clone(), e.key.id.clone())).collect()),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+            sqlx::query("ROLLBACK TO SAVEPOINT replay_claim").execute(&mut *conn).await?;
+        }
+        Err(e) => return Err(e),
+    }
+    let tail = " ON CONFLICT (subscription, source, event_id) DO NOTHING RETURNING source, event_id";
+    Ok(insert_pg(conn, scope, topic, entries, tail).await?.into_iter().collect())
+}
+
+async fn insert_pg(conn: &mut sqlx::PgConnection, scope: &str, topic: &str, entries: &[PgEntry<'_>], tail: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let sql = format!(
+        "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) \
+         SELECT $1, s, i, t, $2, p, o, $3 FROM UNNEST($4::text[], $5::text[], $6::text[], $7::int4[], $8::int8[]) AS u(s, i, t, p, o){tail}"
+    );
+    sqlx::query_as::<_, (String, String)>(&sql)
+        .bind(scope)
+        .bind(topic)
+        .bind(now_ms())
+        .bind(entries.iter().map(|e| e.key.source.as_str()).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.key.id.as_str()).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.event_type).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.partition).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.offset).collect::<Vec<_>>())
+        .fetch_all(&mut *conn)
+        .await
+}

@@ -9,10 +9,12 @@
 //! [`Backend`].
 
 pub mod dead_letter;
+pub mod generations;
 mod db;
 mod error;
 pub mod inbox;
 pub mod outbox;
+pub mod positions;
 pub mod relay;
 pub mod start_positions;
 

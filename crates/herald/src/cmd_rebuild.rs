@@ -3,20 +3,33 @@
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use clap::{Args, Subcommand, ValueEnum};
 use herald_kafka::Topics;
 use herald_rebuild::generations::{self, Generation};
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
-use herald_rebuild::{Progress, RebuildError, RebuildOptions, Search, SwitchMode, rebuild};
+use herald_rebuild::{Progress, Projection, RebuildError, RebuildOptions, RebuildReport, Search, Stats, SwitchMode, rebuild};
 use herald_store::Db;
 use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ProjectionName {
     Search,
+    Stats,
+}
+
+impl ProjectionName {
+    const ALL: [ProjectionName; 2] = [ProjectionName::Search, ProjectionName::Stats];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            ProjectionName::Search => Search::NAME,
+            ProjectionName::Stats => Stats::NAME,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -47,28 +60,44 @@ pub struct RebuildArgs {
     pub command: RebuildCommand,
 }
 
+/// How to build a generation.
+#[derive(Debug, Clone, Args)]
+pub struct BuildArgs {
+    #[arg(long, value_enum, default_value = "auto")]
+    pub switch: SwitchArg,
+    /// Show the boundary and what would be replayed; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Records per replay transaction.
+    #[arg(long, default_value_t = DEFAULT_BATCH)]
+    pub batch: usize,
+    /// The live subscription is stopped or behind: replay to the end of the
+    /// topic and verify against the projection's source of truth (search:
+    /// the jobs table); live traffic, when it resumes, writes only what the
+    /// new generation does not own yet.
+    #[arg(long)]
+    pub offline: bool,
+    /// Progress and the report as JSON lines, for machines.
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Debug, Clone, Subcommand)]
 pub enum RebuildCommand {
-    /// Build (or resume) the next generation; switch when verified (--switch auto).
+    /// Build (or resume) search's next generation; switch when verified (--switch auto).
     Search {
-        #[arg(long, value_enum, default_value = "auto")]
-        switch: SwitchArg,
-        /// Show the boundary and what would be replayed; write nothing.
-        #[arg(long)]
-        dry_run: bool,
-        /// Records per replay transaction.
-        #[arg(long, default_value_t = DEFAULT_BATCH)]
-        batch: usize,
-        /// Records the live subscription may still lack when verification starts.
-        #[arg(long, default_value_t = 0)]
-        lag_threshold: i64,
-        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-        catch_up_timeout: Duration,
+        #[command(flatten)]
+        build: BuildArgs,
         /// Start from this snapshot (`herald snapshot search --out FILE`): its
         /// documents, then replay from its positions. Required when retention
         /// removed history the active generation was built from.
         #[arg(long, value_name = "FILE")]
         from_snapshot: Option<std::path::PathBuf>,
+    },
+    /// Build (or resume) stats' next generation; switch when verified (--switch auto).
+    Stats {
+        #[command(flatten)]
+        build: BuildArgs,
     },
     /// Switch reads to the ready generation.
     Switch { projection: ProjectionName },
@@ -89,95 +118,123 @@ pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
     let db = Db::connect_and_migrate(url).await?;
     match &args.command {
         RebuildCommand::Status { json } => status(&db, *json).await,
-        RebuildCommand::Switch { .. } => {
-            let Some(ready) = generations::in_state(&db, "search", &[generations::READY]).await? else {
-                eprintln!("error: search has no ready generation to switch to");
-                return Ok(ExitCode::from(2));
-            };
-            generations::switch_to(&db, "search", ready.generation).await?;
-            println!("search: reads switched to generation {}", ready.generation);
-            Ok(ExitCode::SUCCESS)
-        }
-        RebuildCommand::Rollback { .. } => match generations::rollback(&db, "search").await {
+        RebuildCommand::Switch { projection } => switch(&db, projection.as_str()).await,
+        RebuildCommand::Rollback { projection } => match generations::rollback(&db, projection.as_str()).await {
             Ok(generation) => {
-                println!("search: reads rolled back to generation {generation}");
+                println!("{}: reads rolled back to generation {generation}", projection.as_str());
                 Ok(ExitCode::SUCCESS)
             }
-            Err(herald_rebuild::RebuildError::State(message)) => {
+            Err(RebuildError::State(message)) => {
                 eprintln!("error: {message}");
                 Ok(ExitCode::from(2))
             }
             Err(e) => Err(e.into()),
         },
-        RebuildCommand::Search { switch, dry_run, batch, lag_threshold, catch_up_timeout, from_snapshot } => {
-            let Some(brokers) = &args.on.kafka else {
-                eprintln!("error: --kafka (or HERALD_KAFKA_BROKERS) is required: a rebuild replays the broker's history");
-                return Ok(ExitCode::from(2));
-            };
-            let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-            let options = RebuildOptions {
-                brokers: brokers.clone(),
-                topic: topics.events,
-                live_group: format!("{}.search", args.on.group_prefix),
-                switch: match switch {
-                    SwitchArg::Auto => SwitchMode::Auto,
-                    SwitchArg::Manual => SwitchMode::Manual,
-                },
-                lag_threshold: *lag_threshold,
-                catch_up_timeout: *catch_up_timeout,
-                dry_run: *dry_run,
-                batch: *batch,
-                from_snapshot: from_snapshot.clone(),
-            };
-            let shutdown = CancellationToken::new();
-            let signal = shutdown.clone();
-            tokio::spawn(async move {
-                crate::signals::wait_for_stop().await;
-                signal.cancel();
-            });
-            let mut progress = Reporter::new();
-            let report = match rebuild::rebuild::<Search>(&db, &options, &mut progress, &shutdown).await {
-                Ok(report) => report,
-                // The operator's input or the broker's history do not allow a
-                // rebuild: say why, write nothing, exit 2.
-                Err(e @ (RebuildError::HistoryGap(_) | RebuildError::Snapshot(_) | RebuildError::Io(_))) => {
-                    progress.finish();
-                    eprintln!("error: {e}");
-                    return Ok(ExitCode::from(2));
-                }
-                Err(e) => return Err(e.into()),
-            };
-            progress.finish();
-            println!("{}", serde_json::to_string(&report)?);
-            Ok(ExitCode::SUCCESS)
-        }
+        RebuildCommand::Search { build, from_snapshot } => build_generation(&db, &args.on, &Search, build, from_snapshot.clone()).await,
+        RebuildCommand::Stats { build } => build_generation(&db, &args.on, &Stats, build, None).await,
     }
 }
 
+async fn switch(db: &Db, projection: &str) -> anyhow::Result<ExitCode> {
+    let Some(ready) = generations::in_state(db, projection, &[generations::READY]).await? else {
+        eprintln!("error: {projection} has no ready generation to switch to");
+        return Ok(ExitCode::from(2));
+    };
+    generations::switch_to(db, projection, ready.generation).await?;
+    println!("{projection}: reads switched to generation {}", ready.generation);
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn build_generation<P: Projection>(
+    db: &Db,
+    on: &ProjectionBackends,
+    projection: &P,
+    build: &BuildArgs,
+    from_snapshot: Option<std::path::PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let Some(brokers) = &on.kafka else {
+        eprintln!("error: --kafka (or HERALD_KAFKA_BROKERS) is required: a rebuild replays the broker's history");
+        return Ok(ExitCode::from(2));
+    };
+    if build.batch == 0 {
+        eprintln!("error: --batch must be at least 1");
+        return Ok(ExitCode::from(2));
+    }
+    let topics = on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+    let options = RebuildOptions {
+        brokers: brokers.clone(),
+        topic: topics.events,
+        switch: match build.switch {
+            SwitchArg::Auto => SwitchMode::Auto,
+            SwitchArg::Manual => SwitchMode::Manual,
+        },
+        offline: build.offline,
+        dry_run: build.dry_run,
+        batch: build.batch,
+        from_snapshot,
+        before_open: None,
+    };
+    let shutdown = CancellationToken::new();
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        crate::signals::wait_for_stop().await;
+        signal.cancel();
+    });
+    let mut progress = Reporter::new(build.json);
+    let report = match rebuild::rebuild(db, projection, &options, &mut progress, &shutdown).await {
+        Ok(report) => report,
+        // The operator's input or the broker's history do not allow a
+        // rebuild: say why, write nothing, exit 2.
+        Err(e @ (RebuildError::HistoryGap(_) | RebuildError::Snapshot(_) | RebuildError::Io(_))) => {
+            progress.finish();
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    progress.finish();
+    print_report(&report, build.json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_report(report: &RebuildReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(&json!({"report": report}))?);
+    } else {
+        println!("{}", serde_json::to_string(report)?);
+    }
+    Ok(())
+}
+
 async fn status(db: &Db, json: bool) -> anyhow::Result<ExitCode> {
-    let all: Vec<Generation> = generations::list(db, "search").await?;
+    let mut all: Vec<Generation> = Vec::new();
+    for projection in ProjectionName::ALL {
+        all.extend(generations::list(db, projection.as_str()).await?);
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&all)?);
     } else {
-        println!("{:<10} {:>10} {:<12} {:>10}  checksum", "projection", "generation", "state", "documents");
+        println!("{:<10} {:>10} {:<12} {:>10}  checksum", "projection", "generation", "state", "rows");
         for g in &all {
-            let docs = g.documents.map_or("-".to_owned(), |d| d.to_string());
-            println!("{:<10} {:>10} {:<12} {:>10}  {}", g.projection, g.generation, g.state, docs, g.checksum.as_deref().unwrap_or("-"));
+            let rows = g.documents.map_or("-".to_owned(), |d| d.to_string());
+            println!("{:<10} {:>10} {:<12} {:>10}  {}", g.projection, g.generation, g.state, rows, g.checksum.as_deref().unwrap_or("-"));
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// A progress bar on a terminal (events done of the boundary total, events/s,
-/// ETA); plain lines otherwise, which is also what tests read.
+/// ETA); plain lines otherwise, which is also what tests read; JSON lines
+/// with `--json`.
 struct Reporter {
     bar: Option<ProgressBar>,
     started: Instant,
+    json: bool,
 }
 
 impl Reporter {
-    fn new() -> Reporter {
-        Reporter { bar: None, started: Instant::now() }
+    fn new(json: bool) -> Reporter {
+        Reporter { bar: None, started: Instant::now(), json }
     }
 
     fn finish(&mut self) {
@@ -185,16 +242,26 @@ impl Reporter {
             bar.finish();
         }
     }
+
+    fn rate(&self, done: u64) -> f64 {
+        done as f64 / self.started.elapsed().as_secs_f64().max(0.001)
+    }
 }
 
 impl Progress for Reporter {
     fn phase(&mut self, message: &str) {
         self.finish();
-        println!("rebuild: {message}");
+        if self.json {
+            println!("{}", json!({"phase": message}));
+        } else {
+            println!("rebuild: {message}");
+        }
     }
 
     fn replayed(&mut self, p: ReplayProgress) {
-        if std::io::stderr().is_terminal() {
+        if self.json {
+            println!("{}", json!({"replayed": p.done, "total": p.total, "skipped_undecodable": p.skipped_undecodable, "per_second": self.rate(p.done).round()}));
+        } else if std::io::stderr().is_terminal() {
             let bar = self.bar.get_or_insert_with(|| {
                 let bar = ProgressBar::new(p.total);
                 bar.set_style(
@@ -204,8 +271,7 @@ impl Progress for Reporter {
             });
             bar.set_position(p.done);
         } else {
-            let rate = p.done as f64 / self.started.elapsed().as_secs_f64().max(0.001);
-            println!("rebuild: replayed {} of {} events ({rate:.0}/s)", p.done, p.total);
+            println!("rebuild: replayed {} of {} events ({:.0}/s)", p.done, p.total, self.rate(p.done));
         }
     }
 }

@@ -3,10 +3,10 @@
 //! redrive` hands a dead letter back to.
 
 use clap::ValueEnum;
-use herald_consumer::{Handler, Metrics, Options, Redriven, Snapshot, Subscription};
+use herald_consumer::{Handler, Live, Metrics, Options, Projection, Redriven, Snapshot, Subscription};
 use herald_notify::intents::{self, NotifyHandler};
-use herald_projections::search::{self, SearchHandler};
-use herald_projections::stats::{self, StatsHandler};
+use herald_projections::search::{self, Search};
+use herald_projections::stats::{self, Stats};
 use herald_store::Db;
 use herald_store::dead_letter::DeadLetter;
 use tokio_util::sync::CancellationToken;
@@ -75,29 +75,33 @@ pub async fn run_from(
         Name::Notify => notify_start::prepare(db, sub, start_at).await?,
         // Best effort: without a record a generation counts as needing
         // history from offset 0, the conservative answer.
-        Name::Search => {
-            if let Err(e) = record_search_start(db, sub).await {
-                tracing::warn!(error = %e, "could not record where the search group starts; rebuilds will assume offset 0");
+        Name::Search | Name::Stats => {
+            if let Err(e) = record_live_start(db, sub).await {
+                tracing::warn!(error = %e, subscription = %sub.name, "could not record where the group starts; rebuilds will assume offset 0");
             }
         }
-        Name::Stats => {}
     }
     let snapshot = match name {
-        Name::Search => herald_consumer::run_subscription(sub, db, &SearchHandler, options, metrics, shutdown).await?,
-        Name::Stats => herald_consumer::run_subscription(sub, db, &StatsHandler, options, metrics, shutdown).await?,
+        Name::Search => herald_consumer::run_subscription(sub, db, &live(Search, sub), options, metrics, shutdown).await?,
+        Name::Stats => herald_consumer::run_subscription(sub, db, &live(Stats, sub), options, metrics, shutdown).await?,
         Name::Notify => herald_consumer::run_subscription(sub, db, &NotifyHandler, options, metrics, shutdown).await?,
     };
     Ok(snapshot)
 }
 
-/// History completeness: where the search group has no committed offset it
-/// starts at the earliest retained record, the first one its generations
+/// A projection fed by `sub`'s one topic.
+pub fn live<P: Projection>(projection: P, sub: &Subscription) -> Live<P> {
+    Live::new(projection, sub.topics.first().map_or("", String::as_str))
+}
+
+/// History completeness: where a projection's group has no committed offset
+/// it starts at the earliest retained record, the first one its generations
 /// need (see `herald_rebuild::history`).
-async fn record_search_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
+async fn record_live_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
     for topic in &sub.topics {
         let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
         let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
-        herald_rebuild::history::record_live_start(db, search::SUBSCRIPTION, topic, &starts).await?;
+        herald_rebuild::history::record_live_start(db, &sub.name, topic, &starts).await?;
     }
     Ok(())
 }
@@ -108,8 +112,8 @@ pub async fn redrive(db: &Db, letter: &DeadLetter) -> anyhow::Result<Redriven> {
         Ok(herald_consumer::redrive(db, h, l).await?)
     }
     match Name::parse(&letter.subscription) {
-        Some(Name::Search) => with(db, &SearchHandler, letter).await,
-        Some(Name::Stats) => with(db, &StatsHandler, letter).await,
+        Some(Name::Search) => with(db, &Live::new(Search, &letter.topic), letter).await,
+        Some(Name::Stats) => with(db, &Live::new(Stats, &letter.topic), letter).await,
         Some(Name::Notify) => with(db, &NotifyHandler, letter).await,
         None => anyhow::bail!("dead letter {} belongs to unknown subscription `{}`", letter.id, letter.subscription),
     }

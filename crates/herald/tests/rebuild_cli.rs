@@ -86,11 +86,23 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     assert!(kills >= 1, "the replay was interrupted at least once");
     assert_eq!(report["generation"], 2);
     assert_eq!(report["state"], "ready", "{report}");
-    let (one, two) = verify::fingerprints(&db, 1, 2).await?;
+    let (one, two) = verify::fingerprints(&db, &herald_rebuild::Search, 1, 2).await?;
     assert_eq!(one, two, "the resumed generation equals the live one");
-    assert_eq!(two.documents, EXPORTS);
+    assert_eq!(two.rows, EXPORTS);
     let scope_rows: i64 = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search@g2'").fetch_one(db.pool()).await?.try_get("n")?;
-    assert_eq!(scope_rows, EXPORTS, "each event applied once in the replay's own dedup scope");
+    assert_eq!(scope_rows, 0, "search's writes are idempotent: its replay keeps no dedup rows");
+
+    // Stats through the same engine: counters are not idempotent, so its
+    // replay keeps its own dedup scope, one row per event.
+    let stats = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["stats", "--json"])).output().await?;
+    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+    let last = String::from_utf8_lossy(&stats.stdout).lines().last().map(str::to_owned).unwrap_or_default();
+    let stats_report: Value = serde_json::from_str(&last)?;
+    assert_eq!((stats_report["report"]["state"].as_str(), stats_report["report"]["switched"].as_bool()), (Some("active"), Some(true)), "{stats_report}");
+    let (one, two) = verify::fingerprints(&db, &herald_rebuild::Stats, 1, 2).await?;
+    assert_eq!(one, two, "the rebuilt counters equal the live ones");
+    let scope_rows: i64 = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'stats@g2'").fetch_one(db.pool()).await?.try_get("n")?;
+    assert_eq!(scope_rows, EXPORTS, "each completion once in the stats replay's own dedup scope");
 
     // Manual switch and status, as an operator would.
     let switch = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["switch", "search"])).output().await?;

@@ -83,7 +83,7 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let all = workload::completions(&topics.events, &run, 25)?;
     workload::publish(&producer, &all[..20]).await?;
     wait_until("20 documents", || async { Ok(search::count_active(&db).await? == 20) }).await?;
-    let recorded: i64 = sqlx::query("SELECT COUNT(*) AS n FROM projection_history WHERE generation = 1 AND first_offset = 0")
+    let recorded: i64 = sqlx::query("SELECT COUNT(*) AS n FROM projection_history WHERE projection = 'search' AND generation = 1 AND first_offset = 0")
         .fetch_one(db.pool())
         .await?
         .try_get("n")?;
@@ -109,7 +109,7 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
             .stderr(Stdio::piped());
         command
     };
-    let generations = || async { Ok::<i64, anyhow::Error>(sqlx::query("SELECT COUNT(*) AS n FROM projection_generations").fetch_one(db.pool()).await?.try_get("n")?) };
+    let generations = || async { Ok::<i64, anyhow::Error>(sqlx::query("SELECT COUNT(*) AS n FROM projection_generations WHERE projection = 'search'").fetch_one(db.pool()).await?.try_get("n")?) };
 
     // 1. No snapshot: refused, naming the gap; nothing created.
     let refused = herald(&["rebuild", "search"]).output().await?;
@@ -144,10 +144,10 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let report: Value = serde_json::from_str(stdout.lines().rev().find(|l| l.starts_with('{')).expect("report"))?;
     assert_eq!((report["generation"].as_i64(), report["state"].as_str()), (Some(2), Some("active")), "{report}");
     assert_eq!(report["replayed"], 5, "only what came after the snapshot is replayed: {report}");
-    let (one, two) = verify::fingerprints(&db, 1, 2).await?;
+    let (one, two) = verify::fingerprints(&db, &herald_rebuild::Search, 1, 2).await?;
     assert_eq!(one, two);
-    assert_eq!(two.documents, 25);
-    let starts: Vec<(i32, i64)> = sqlx::query_as("SELECT kafka_partition, first_offset FROM projection_history WHERE generation = 2 ORDER BY kafka_partition")
+    assert_eq!(two.rows, 25);
+    let starts: Vec<(i32, i64)> = sqlx::query_as("SELECT kafka_partition, first_offset FROM projection_history WHERE projection = 'search' AND generation = 2 ORDER BY kafka_partition")
         .fetch_all(db.pool())
         .await?;
     assert!(starts[0].1 >= low, "generation 2 needs history only from the snapshot on: {starts:?}");

@@ -18,7 +18,7 @@ use clap::Args;
 use herald_consumer::{Metrics, Options, Subscription};
 use herald_envelope::{ExportCompleted, OutboxEvent};
 use herald_kafka::{EmbeddedKafka, Topics};
-use herald_projections::search::{self, SearchHandler};
+use herald_projections::search::{self, Search};
 use herald_store::{Db, inbox, now_ms};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use serde_json::json;
@@ -227,7 +227,8 @@ pub(super) async fn timed_search_subscription(
         })
     };
     let options = Options { after_commit: Some(hook), ..options };
-    let running = herald_consumer::run_subscription(sub, db, &SearchHandler, &options, &metrics, done);
+    let handler = crate::subscriptions::live(Search, sub);
+    let running = herald_consumer::run_subscription(sub, db, &handler, &options, &metrics, done);
     tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;
     let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
     Ok((n as u64).saturating_sub(a0) as f64 / (t1 - t0).as_secs_f64())

@@ -4,8 +4,9 @@
 //!
 //! One run: publish N completions to the in-process mock cluster; the live
 //! search subscription builds generation 1 from them (timed); `rebuild` then
-//! builds generation 2 — replay to the boundary (timed from the start of the
-//! replay phase to its end), wait for live, verify, switch — and the run
+//! builds generation 2 — replay to the boundary, the live subscription's
+//! positions (timed from the start of the replay phase to its end), verify,
+//! switch — and the run
 //! checks that it switched and holds N documents; last, the same rows as
 //! plain multi-row INSERTs (timed). Topic partitions default to 32 because
 //! the mock cluster keeps at most 5 MiB per partition: fewer would let its
@@ -107,7 +108,7 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let live_consume_eps = live_consume(&db, &brokers, &topics.events, &group_prefix, n).await?;
     eprintln!("live search subscription: {live_consume_eps:.0}/s");
 
-    let (rebuild_eps, rebuild_total_secs) = replay(&db, &brokers, &topics.events, &group_prefix, args).await?;
+    let (rebuild_eps, rebuild_total_secs) = replay(&db, &brokers, &topics.events, args).await?;
     eprintln!("rebuild replay: {rebuild_eps:.0}/s");
 
     let mut raw_secs = 0.0;
@@ -156,19 +157,17 @@ impl Progress for Clock {
     }
 }
 
-async fn replay(db: &Db, brokers: &str, topic: &str, group_prefix: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
+async fn replay(db: &Db, brokers: &str, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
     let options = RebuildOptions {
         brokers: brokers.to_owned(),
         topic: topic.to_owned(),
-        live_group: format!("{group_prefix}.{}", search::SUBSCRIPTION),
         switch: SwitchMode::Auto,
-        catch_up_timeout: Duration::from_secs(120),
         batch: args.batch as usize,
         ..RebuildOptions::default()
     };
     let mut clock = Clock::default();
     let started = Instant::now();
-    let report = rebuild::rebuild::<Search>(db, &options, &mut clock, &CancellationToken::new()).await?;
+    let report = rebuild::rebuild(db, &Search, &options, &mut clock, &CancellationToken::new()).await?;
     let total = started.elapsed().as_secs_f64();
     anyhow::ensure!(report.switched && report.documents == Some(i64::from(args.events)), "rebuild did not end as expected: {report:?}");
     let (Some(t0), Some(t1)) = (clock.replay_started, clock.replay_ended) else { anyhow::bail!("replay phase not seen") };

@@ -4,7 +4,6 @@
 //! so a replay that reached notifications would show up as new intents or
 //! provider effects.
 
-use std::time::Duration;
 
 use serde_json::Value;
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
@@ -35,25 +34,22 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
     let options = RebuildOptions {
         brokers: wiring.brokers.clone(),
         topic: wiring.topics.events.clone(),
-        live_group: format!("{}.search", wiring.group_prefix),
         switch: SwitchMode::Auto,
-        lag_threshold: 0,
-        catch_up_timeout: Duration::from_secs(60),
+        offline: false,
         dry_run: false,
         batch: DEFAULT_BATCH,
         from_snapshot: None,
+        before_open: None,
     };
-    let report = herald_rebuild::rebuild::rebuild::<Search>(db, &options, &mut Quiet, &CancellationToken::new()).await?;
+    let report = herald_rebuild::rebuild::rebuild(db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     let after = generations::active(db, "search").await?;
-    let scope = format!("search@g{}", report.generation);
-    let replayed_once = count(db, &format!("SELECT COUNT(*) AS n FROM inbox WHERE subscription = '{scope}'")).await?;
     let intents_after = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
     let effects_after = provider_totals(provider_url).await?;
     Ok(vec![
         Check::new(
             "rebuild replayed history into a new generation",
-            report.generation == before + 1 && replayed_once == n,
-            format!("generation {}: {} records replayed, {replayed_once} events in its own dedup scope {scope}", report.generation, report.replayed),
+            report.generation == before + 1 && report.replayed >= u64::try_from(n).unwrap_or(u64::MAX),
+            format!("generation {}: {} records replayed below its boundary, the rest is live traffic's", report.generation, report.replayed),
         ),
         Check::new(
             "rebuild verified and switched reads",

@@ -1,47 +1,64 @@
 //! The search projection: one document per succeeded export, in generations.
 //! Reads always go through the generation named active in
 //! `active_generations`, so a rebuild can fill another one beside it.
+//!
+//! - `write`: the writers (the shared `Any` path and PostgreSQL's fast path).
+//! - `verify`: a generation's fingerprint, and its check against the jobs
+//!   table (the projection's source of truth) for offline rebuilds.
 
 use std::collections::BTreeMap;
 
-use herald_consumer::{Handler, HandlerError};
+use herald_consumer::{Fingerprint, HandlerError, Projection};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
 use herald_store::{Db, StoreError, Tx};
 use serde::Serialize;
-use sqlx::Row;
+use sqlx::{PgConnection, Row};
+
+mod verify;
+mod write;
+
+pub use write::upsert_rows;
 
 /// Subscription name, and so consumer group `herald.search`.
 pub const SUBSCRIPTION: &str = "search";
 const PROJECTION: &str = "search";
 
-/// Applies `herald.export.completed` (a document) and `herald.export.deleted`
-/// (a tombstone) to every generation that follows live traffic.
-#[derive(Debug, Clone, Default)]
-pub struct SearchHandler;
+/// The search projection: `herald.export.completed` (a document) and
+/// `herald.export.deleted` (a tombstone), versioned, so writing a fact twice
+/// changes nothing.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Search;
 
-impl Handler for SearchHandler {
-    fn handles(&self, event_type: &str) -> bool {
+impl Projection for Search {
+    const NAME: &'static str = PROJECTION;
+    const IDEMPOTENT: bool = true;
+    const WRITES_PG: bool = true;
+    type Fact = Fact;
+
+    fn handles(event_type: &str) -> bool {
         Fact::handles(event_type)
     }
 
-    async fn apply(&self, tx: &mut Tx<'_>, event: &DecodedEvent) -> Result<(), HandlerError> {
-        self.apply_batch(tx, &[event]).await
+    fn fact(event: &DecodedEvent) -> Result<Fact, HandlerError> {
+        Fact::of(event)?.ok_or_else(|| HandlerError::Reject(format!("search does not apply {}", event.event_type)))
     }
 
-    /// Live events go to every generation that follows live traffic: the
-    /// active one, the rollback target, and one being rebuilt.
-    async fn apply_batch(&self, tx: &mut Tx<'_>, events: &[&DecodedEvent]) -> Result<(), HandlerError> {
-        let mut facts = Vec::with_capacity(events.len());
-        for event in events {
-            if let Some(fact) = Fact::of(event)? {
-                facts.push(fact);
-            }
-        }
-        let facts = newest_per_job(facts);
-        for generation in live_generations(tx).await? {
-            write(tx, generation, &facts).await?;
-        }
-        Ok(())
+    async fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&Fact]) -> Result<(), HandlerError> {
+        let facts = newest_per_job(facts.iter().map(|f| (*f).clone()));
+        Ok(write::write(tx, generation, &facts).await?)
+    }
+
+    async fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact]) -> Result<(), HandlerError> {
+        let rows: Vec<DocumentRow> = newest_per_job(facts.iter().map(|f| (*f).clone())).iter().map(DocumentRow::from).collect();
+        write::write_pg(tx, generation, &rows).await.map_err(|e| HandlerError::from(StoreError::from(e)))
+    }
+
+    async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
+        verify::fingerprint(tx, generation).await
+    }
+
+    async fn verify_source(&self, db: &Db, generation: i64, settled_before_ms: i64) -> Result<Option<Vec<String>>, StoreError> {
+        Ok(Some(verify::against_jobs(db, generation, settled_before_ms).await?))
     }
 }
 
@@ -100,26 +117,6 @@ pub fn newest_per_job(facts: impl IntoIterator<Item = Fact>) -> Vec<Fact> {
     newest.into_values().collect()
 }
 
-/// States whose generations receive live writes. `archived` (older than the
-/// rollback target) and `failed` ones do not.
-pub const LIVE_STATES: [&str; 5] = ["building", "catching_up", "ready", "active", "retired"];
-
-async fn live_generations(tx: &mut Tx<'_>) -> Result<Vec<i64>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT generation FROM projection_generations WHERE projection = $1 AND state IN ($2, $3, $4, $5, $6) \
-         ORDER BY generation",
-    )
-    .bind(PROJECTION)
-    .bind(LIVE_STATES[0])
-    .bind(LIVE_STATES[1])
-    .bind(LIVE_STATES[2])
-    .bind(LIVE_STATES[3])
-    .bind(LIVE_STATES[4])
-    .fetch_all(&mut **tx)
-    .await?;
-    rows.iter().map(|r| r.try_get("generation").map_err(StoreError::from)).collect()
-}
-
 /// One row of `search_documents`: a document, or a tombstone (`deleted_at_ms`
 /// set, every other field blanked so nothing of the deleted job stays
 /// searchable or readable).
@@ -163,74 +160,6 @@ impl From<&Fact> for DocumentRow {
             },
         }
     }
-}
-
-/// Writes `facts` (at most one per job) into `generation`.
-pub async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[Fact]) -> Result<(), StoreError> {
-    let rows: Vec<DocumentRow> = facts.iter().map(DocumentRow::from).collect();
-    upsert_rows(tx, generation, &rows).await
-}
-
-/// Writes rows into `generation` unless it already holds a newer business
-/// version of the same job: facts may arrive out of order across partitions,
-/// replays and live traffic; the version decides, not arrival. A tombstone
-/// is a row like any other, so the same guard keeps an older document from
-/// replacing it. Applying the same row twice changes nothing, which is what
-/// lets a replay and live traffic both write a generation being rebuilt.
-///
-/// Most batches only add documents, and a plain `INSERT` costs PostgreSQL
-/// far less than `ON CONFLICT … DO UPDATE`: so the rows are first inserted
-/// plainly behind a savepoint, and only when one of the jobs already has a
-/// row is the savepoint rolled back and the batch upserted under the guard.
-pub async fn upsert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow]) -> Result<(), StoreError> {
-    sqlx::query("SAVEPOINT search_write").execute(&mut **tx).await?;
-    match insert_rows(tx, generation, rows, false).await {
-        Ok(()) => return Ok(()),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT search_write").execute(&mut **tx).await?;
-        }
-        Err(e) => return Err(e.into()),
-    }
-    Ok(insert_rows(tx, generation, rows, true).await?)
-}
-
-/// `upsert`: replace older versions instead of failing on an existing row.
-async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    let guard = if upsert {
-        " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, \
-         format = excluded.format, query = excluded.query, result_id = excluded.result_id, \
-         size_bytes = excluded.size_bytes, completed_at_ms = excluded.completed_at_ms, \
-         version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
-         WHERE search_documents.version < excluded.version"
-    } else {
-        ""
-    };
-    // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
-    for chunk in herald_store::outbox::statement_chunks(rows) {
-        let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
-        let sql = format!(
-            "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
-             size_bytes, completed_at_ms, version, deleted_at_ms) VALUES {}{guard}",
-            values.join(", ")
-        );
-        let mut query = sqlx::query(&sql);
-        for row in chunk {
-            query = query
-                .bind(generation)
-                .bind(&row.job_id)
-                .bind(&row.caller)
-                .bind(&row.format)
-                .bind(&row.query)
-                .bind(&row.result_id)
-                .bind(row.size_bytes)
-                .bind(row.completed_at_ms)
-                .bind(row.version)
-                .bind(row.deleted_at_ms);
-        }
-        query.execute(&mut **tx).await?;
-    }
-    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

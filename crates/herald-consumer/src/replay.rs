@@ -1,22 +1,21 @@
-//! Replay: retained history from the generation's own positions up to its
-//! boundary, into that generation only. No consumer group: positions live in
-//! the database, committed with the documents they produced.
+//! The replay source of the projection engine: retained history from a
+//! generation's own positions up to its boundary, into that generation only.
+//! No consumer group: positions live in the database, committed with what
+//! they produced.
 //!
-//! Shape: one reader thread receives records and decodes them (CloudEvents
-//! and Avro — the CPU work) and hands batches to two lanes; each lane owns a
-//! fixed set of partitions and applies its batches one transaction each
-//! (inbox rows of the replay's scope, documents, that lane's positions), so
-//! decoding and both lanes' database work overlap. A lane's partitions are
-//! its alone, so positions never go backwards and no two lanes touch the same
-//! job (a job's facts share a key, hence a partition).
+//! Shape: one reader thread receives records and decodes them (CloudEvents,
+//! Avro, the projection's fact — the CPU work) and hands batches to two
+//! lanes; each lane owns a fixed set of partitions and applies its batches
+//! one transaction each ([`crate::replay_write`]), so decoding and both
+//! lanes' database work overlap. A lane's partitions are its alone, so
+//! positions never go backwards and no two lanes touch the same key.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use herald_envelope::{EventKey, decode_any};
-use herald_projections::search::Fact;
 use herald_store::Db;
+use herald_store::generations::{self, Position};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -24,9 +23,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::generations::{self, Position};
-use crate::write::Writer;
-use crate::{Projection, RebuildError};
+use crate::projection::Projection;
+use crate::replay_write::Writer;
+use crate::ReplayError;
 
 /// Records applied per transaction unless told otherwise.
 pub const DEFAULT_BATCH: usize = 5_000;
@@ -34,7 +33,7 @@ pub const DEFAULT_BATCH: usize = 5_000;
 const LANES: usize = 2;
 
 /// Where a replay stands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ReplayProgress {
     /// Records read so far (this run), including skipped ones.
     pub done: u64,
@@ -49,60 +48,62 @@ pub fn dedup_scope<P: Projection>(generation: i64) -> String {
 }
 
 /// One replayed record: where it was and what it said.
-#[derive(Debug, Clone)]
-pub struct Replayed {
+pub struct Replayed<F> {
     pub partition: i32,
     pub offset: i64,
-    pub content: Content,
+    pub content: Content<F>,
 }
 
-#[derive(Debug, Clone)]
-pub enum Content {
+pub enum Content<F> {
     /// Could not be decoded: skipped (the live subscription dead-letters it).
     Undecodable,
-    /// An event search does not apply (still moves the position).
+    /// An event the projection does not apply (still moves the position).
     Ignored,
-    /// A fact for the search projection.
-    Fact { key: EventKey, event_type: String, fact: Box<Fact> },
+    Fact { key: EventKey, event_type: String, fact: F },
 }
 
-/// Replays `topic` into `generation` until every partition reached its
-/// boundary (or `shutdown`). Calls `on_progress` after every committed batch.
+/// Replays `topic` into `generation` of `projection` until every partition
+/// reached its boundary (or `shutdown`). Calls `on_progress` after every
+/// committed batch.
+#[allow(clippy::too_many_arguments)]
 pub async fn replay<P: Projection>(
     db: &Db,
+    projection: &P,
     brokers: &str,
     topic: &str,
     generation: i64,
     batch_size: usize,
     shutdown: &CancellationToken,
     mut on_progress: impl FnMut(ReplayProgress),
-) -> Result<ReplayProgress, RebuildError> {
+) -> Result<ReplayProgress, ReplayError> {
     let positions = generations::positions(db, P::NAME, generation).await?;
-    let mut progress = ReplayProgress { total: positions.iter().map(|p| (p.boundary_offset - p.next_offset).max(0) as u64).sum(), ..Default::default() };
+    let total = positions.iter().map(|p| u64::try_from(p.boundary_offset - p.next_offset).unwrap_or(0)).sum();
+    let mut progress = ReplayProgress { total, ..Default::default() };
     let open: BTreeMap<i32, Position> = positions.into_iter().filter(|p| !p.done()).map(|p| (p.partition, p)).collect();
     if open.is_empty() {
         return Ok(progress);
     }
-    let writer = Arc::new(Writer::open(db, P::NAME, generation, &dedup_scope::<P>(generation), topic).await?);
+    let writer = Writer::open(db, projection, generation, &dedup_scope::<P>(generation), topic).await?;
     let lane_of: BTreeMap<i32, usize> = open.keys().enumerate().map(|(i, p)| (*p, i % LANES)).collect();
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::channel::<Vec<Replayed>>(2)).unzip();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::channel::<Vec<Replayed<P::Fact>>>(2)).unzip();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, u64)>();
     let consumer = reader(brokers, topic, &open)?;
     let reading = {
         let shutdown = shutdown.clone();
-        tokio::task::spawn_blocking(move || read_all(&consumer, open, &lane_of, senders, batch_size.max(1), &shutdown))
+        tokio::task::spawn_blocking(move || read_all::<P>(&consumer, open, &lane_of, senders, batch_size.max(1), &shutdown))
     };
+    let writer = &writer;
     let lanes = futures::future::try_join_all(receivers.into_iter().map(|mut rx| {
-        let (writer, done_tx) = (writer.clone(), done_tx.clone());
+        let done_tx = done_tx.clone();
         async move {
             while let Some(batch) = rx.recv().await {
                 let skipped = writer.apply(&batch).await?;
                 if skipped > 0 {
-                    warn!(skipped, generation, "undecodable records skipped by the replay");
+                    warn!(skipped, generation, projection = P::NAME, "undecodable records skipped by the replay");
                 }
                 let _ = done_tx.send((batch.len() as u64, skipped));
             }
-            Ok::<(), RebuildError>(())
+            Ok::<(), ReplayError>(())
         }
     }));
     drop(done_tx);
@@ -112,14 +113,16 @@ pub async fn replay<P: Projection>(
             progress.skipped_undecodable += skipped;
             on_progress(progress);
         }
+        Ok::<(), ReplayError>(())
     };
-    let read = async { reading.await.map_err(|e| RebuildError::State(format!("replay reader: {e}")))? };
-    let (_, (), ()) = tokio::try_join!(lanes, async { report.await; Ok::<(), RebuildError>(()) }, read)?;
+    let read = async { reading.await.map_err(|e| ReplayError::Internal(format!("replay reader: {e}")))? };
+    let outcome = tokio::try_join!(lanes, report, read);
     writer.close().await;
+    outcome?;
     Ok(progress)
 }
 
-fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, RebuildError> {
+fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, ReplayError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         // Required by librdkafka, never used: this consumer assigns partitions
@@ -139,16 +142,16 @@ fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<
 
 /// The reader thread: receives and decodes batches until every partition
 /// reached its boundary, the lanes stopped, or `shutdown`.
-fn read_all(
+fn read_all<P: Projection>(
     consumer: &BaseConsumer,
     mut open: BTreeMap<i32, Position>,
     lane_of: &BTreeMap<i32, usize>,
-    lanes: Vec<mpsc::Sender<Vec<Replayed>>>,
+    lanes: Vec<mpsc::Sender<Vec<Replayed<P::Fact>>>>,
     size: usize,
     shutdown: &CancellationToken,
-) -> Result<(), RebuildError> {
+) -> Result<(), ReplayError> {
     while !open.is_empty() && !shutdown.is_cancelled() {
-        let mut batches: Vec<Vec<Replayed>> = vec![Vec::new(); lanes.len()];
+        let mut batches: Vec<Vec<Replayed<P::Fact>>> = (0..lanes.len()).map(|_| Vec::new()).collect();
         let mut read = 0;
         while read < size && !open.is_empty() {
             let wait = Duration::from_millis(if read == 0 { 200 } else { 10 });
@@ -158,7 +161,7 @@ fn read_all(
                 }
                 break;
             };
-            if let Some(record) = take(&msg?, &mut open) {
+            if let Some(record) = take::<P>(&msg?, &mut open) {
                 batches[lane_of[&record.partition]].push(record);
                 read += 1;
             }
@@ -173,7 +176,7 @@ fn read_all(
     Ok(())
 }
 
-fn take(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option<Replayed> {
+fn take<P: Projection>(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option<Replayed<P::Fact>> {
     let position = open.get_mut(&msg.partition())?;
     if msg.offset() >= position.boundary_offset {
         open.remove(&msg.partition());
@@ -185,10 +188,10 @@ fn take(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option
     }
     let content = match decode_any(msg) {
         Err(_) => Content::Undecodable,
-        Ok(event) => match Fact::of(&event) {
+        Ok(event) if !P::handles(&event.event_type) => Content::Ignored,
+        Ok(event) => match P::fact(&event) {
             Err(_) => Content::Undecodable,
-            Ok(None) => Content::Ignored,
-            Ok(Some(fact)) => Content::Fact { key: event.key, event_type: event.event_type, fact: Box::new(fact) },
+            Ok(fact) => Content::Fact { key: event.key, event_type: event.event_type, fact },
         },
     };
     Some(Replayed { partition: msg.partition(), offset: msg.offset(), content })

@@ -1,0 +1,109 @@
+//! Projections: read models kept in generations and fed by one engine from
+//! two sources — live traffic ([`Live`], a subscription's consumer group)
+//! and the replay of retained history into one new generation
+//! ([`crate::replay`]). A generation owns records by offset, per partition:
+//! below its boundary they are the replay's, at or above it live traffic's
+//! (see `herald_store::positions` for why no record is applied by both).
+//!
+//! A projection writes only its own tables, so replaying history into it
+//! cannot cause an effect outside the database. Notification code does not
+//! implement this trait and the rebuild accepts nothing else.
+
+use std::future::Future;
+
+use herald_envelope::DecodedEvent;
+use herald_store::{Db, StoreError, Tx, generations};
+use sqlx::PgConnection;
+
+use crate::handler::{Handler, Record};
+use crate::HandlerError;
+
+/// What a generation holds, to compare two generations read in one snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Rows reads can find (documents, counters).
+    pub rows: i64,
+    /// What else is kept (tombstones), for the report.
+    pub other: i64,
+    pub checksum: String,
+}
+
+/// A read model that can be rebuilt.
+pub trait Projection: Send + Sync + 'static {
+    /// Its name in `projection_generations`, its live subscription, and the
+    /// prefix of its replays' dedup scopes (`<name>@g<N>`).
+    const NAME: &'static str;
+    /// Applying an event twice to a generation changes nothing (versioned
+    /// upserts): its replays keep no inbox rows. Counters say `false`.
+    const IDEMPOTENT: bool;
+    /// Whether [`Projection::write_pg`] is implemented: a replay on
+    /// PostgreSQL then writes through sqlx's native driver with array binds.
+    const WRITES_PG: bool = false;
+
+    /// What it learns from one event, decoded once: on the replay's reader
+    /// thread (the CPU work), or in the live batch.
+    type Fact: Send + Sync + 'static;
+
+    /// Event types it applies; the others only move positions.
+    fn handles(event_type: &str) -> bool;
+
+    /// The fact `event` (of a handled type) carries. An error is permanent:
+    /// the live subscription dead-letters the record, a replay skips it.
+    fn fact(event: &DecodedEvent) -> Result<Self::Fact, HandlerError>;
+
+    /// Writes `facts` — of events first seen for `generation`, in offset
+    /// order per partition — into `generation`.
+    fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&Self::Fact]) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// The same as [`Projection::write`] on a native PostgreSQL connection.
+    fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Self::Fact]) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = (tx, generation, facts);
+        async { Err(HandlerError::Reject(format!("projection {} has no PostgreSQL fast path", Self::NAME))) }
+    }
+
+    /// What `generation` holds, read in `tx` (a snapshot shared with the
+    /// generation it is compared with).
+    fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> impl Future<Output = Result<Fingerprint, StoreError>> + Send;
+
+    /// Checks `generation` against the projection's own source of truth, for
+    /// rebuilds that cannot compare with a live generation (offline).
+    /// `settled_before_ms`: facts whose events were surely in Kafka below the
+    /// generation's boundary (delivered before it was read, database clock).
+    /// `None`: the projection declares no source of truth. `Some(problems)`:
+    /// empty when the generation agrees.
+    fn verify_source(&self, db: &Db, generation: i64, settled_before_ms: i64) -> impl Future<Output = Result<Option<Vec<String>>, StoreError>> + Send {
+        let _ = (db, generation, settled_before_ms);
+        async { Ok(None) }
+    }
+}
+
+/// A projection fed by live traffic: each batch goes to every generation in
+/// a live state, each record only to the generations that own its offset.
+pub struct Live<P> {
+    projection: P,
+    topic: String,
+}
+
+impl<P: Projection> Live<P> {
+    /// `topic`: the one topic the subscription reads (boundaries are kept per topic).
+    pub fn new(projection: P, topic: &str) -> Live<P> {
+        Live { projection, topic: topic.to_owned() }
+    }
+}
+
+impl<P: Projection> Handler for Live<P> {
+    fn handles(&self, event_type: &str) -> bool {
+        P::handles(event_type)
+    }
+
+    async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
+        let facts = records.iter().map(|r| Ok((r, P::fact(r.event)?))).collect::<Result<Vec<_>, HandlerError>>()?;
+        for generation in generations::live(tx, P::NAME, &self.topic).await? {
+            let owned: Vec<&P::Fact> = facts.iter().filter(|(r, _)| generation.owns(r.partition, r.offset)).map(|(_, f)| f).collect();
+            if !owned.is_empty() {
+                self.projection.write(tx, generation.generation, &owned).await?;
+            }
+        }
+        Ok(())
+    }
+}

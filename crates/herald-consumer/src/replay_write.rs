@@ -1,0 +1,131 @@
+//! A replay's write: one transaction per batch with the dedup rows of the
+//! replay's own scope (`<projection>@g<N>`, unless the projection's writes
+//! are idempotent), the projection's write of the first-seen facts into
+//! generation N only, and the batch's positions — so a rebuild killed at any
+//! point resumes exactly after what it applied, each event once.
+//!
+//! Two paths, same statements in effect: sqlx's native PostgreSQL driver
+//! with array binds when the projection has a fast path there
+//! ([`Projection::WRITES_PG`]); the shared `Any` path otherwise.
+
+use std::collections::{BTreeMap, HashSet};
+
+use herald_envelope::EventKey;
+use herald_store::inbox::{self, Delivery, Entry, PgEntry};
+use herald_store::{Backend, Db, generations};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use crate::ReplayError;
+use crate::projection::Projection;
+use crate::replay::{Content, Replayed};
+
+pub(crate) struct Writer<'p, P> {
+    projection: &'p P,
+    target: Target,
+    generation: i64,
+    scope: String,
+    topic: String,
+}
+
+enum Target {
+    Postgres(PgPool),
+    Any(Db),
+}
+
+/// One fact of a batch with its record's place.
+struct Item<'a, F> {
+    key: &'a EventKey,
+    event_type: &'a str,
+    partition: i32,
+    offset: i64,
+    fact: &'a F,
+}
+
+impl<'p, P: Projection> Writer<'p, P> {
+    pub async fn open(db: &Db, projection: &'p P, generation: i64, scope: &str, topic: &str) -> Result<Writer<'p, P>, ReplayError> {
+        let target = match db.backend() {
+            // One connection per lane, plus one spare.
+            Backend::Postgres if P::WRITES_PG => Target::Postgres(PgPoolOptions::new().max_connections(3).connect(db.url()).await?),
+            _ => Target::Any(db.clone()),
+        };
+        Ok(Writer { projection, target, generation, scope: scope.to_owned(), topic: topic.to_owned() })
+    }
+
+    pub async fn close(&self) {
+        if let Target::Postgres(pool) = &self.target {
+            pool.close().await;
+        }
+    }
+
+    /// Applies one batch in one transaction; returns the undecodable records
+    /// it skipped.
+    pub async fn apply(&self, batch: &[Replayed<P::Fact>]) -> Result<u64, ReplayError> {
+        let skipped = batch.iter().filter(|r| matches!(r.content, Content::Undecodable)).count() as u64;
+        let mut items: Vec<Item<'_, P::Fact>> = batch
+            .iter()
+            .filter_map(|r| match &r.content {
+                Content::Fact { key, event_type, fact } => Some(Item { key, event_type, partition: r.partition, offset: r.offset, fact }),
+                _ => None,
+            })
+            .collect();
+        // Keys in one order in every transaction: no two can deadlock.
+        items.sort_by(|a, b| a.key.cmp(b.key));
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        for r in batch {
+            let n = next.entry(r.partition).or_insert(0);
+            *n = (*n).max(r.offset + 1);
+        }
+        match &self.target {
+            Target::Postgres(pool) => self.apply_pg(pool, &items, &next).await?,
+            Target::Any(db) => self.apply_any(db, &items, &next).await?,
+        }
+        Ok(skipped)
+    }
+
+    async fn apply_any(&self, db: &Db, items: &[Item<'_, P::Fact>], next: &BTreeMap<i32, i64>) -> Result<(), ReplayError> {
+        let mut tx = db.begin().await?;
+        let facts: Vec<&P::Fact> = if P::IDEMPOTENT {
+            items.iter().map(|i| i.fact).collect()
+        } else {
+            let entries: Vec<Entry<'_>> = items
+                .iter()
+                .map(|i| Entry { key: i.key, event_type: i.event_type, delivery: Delivery { topic: &self.topic, partition: i.partition, offset: i.offset } })
+                .collect();
+            let first: HashSet<EventKey> = inbox::claim_batch(&mut tx, &self.scope, &entries).await?;
+            first_seen(items, |key| first.contains(key))
+        };
+        if !facts.is_empty() {
+            self.projection.write(&mut tx, self.generation, &facts).await?;
+        }
+        for (partition, next_offset) in next {
+            generations::advance(&mut tx, P::NAME, self.generation, *partition, *next_offset).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn apply_pg(&self, pool: &PgPool, items: &[Item<'_, P::Fact>], next: &BTreeMap<i32, i64>) -> Result<(), ReplayError> {
+        let mut tx = pool.begin().await?;
+        let facts: Vec<&P::Fact> = if P::IDEMPOTENT {
+            items.iter().map(|i| i.fact).collect()
+        } else {
+            let entries: Vec<PgEntry<'_>> =
+                items.iter().map(|i| PgEntry { key: i.key, event_type: i.event_type, partition: i.partition, offset: i.offset }).collect();
+            let first = inbox::claim_batch_pg(&mut tx, &self.scope, &self.topic, &entries).await?;
+            first_seen(items, |key| first.contains(&(key.source.clone(), key.id.clone())))
+        };
+        if !facts.is_empty() {
+            self.projection.write_pg(&mut tx, self.generation, &facts).await?;
+        }
+        generations::advance_pg(&mut tx, P::NAME, self.generation, next).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// The facts of keys seen for the first time, once each (a batch can hold
+/// both copies of an event the relay published twice).
+fn first_seen<'a, F>(items: &[Item<'a, F>], is_first: impl Fn(&EventKey) -> bool) -> Vec<&'a F> {
+    let mut taken: HashSet<&EventKey> = HashSet::new();
+    items.iter().filter(|i| is_first(i.key) && taken.insert(i.key)).map(|i| i.fact).collect()
+}

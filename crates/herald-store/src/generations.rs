@@ -1,0 +1,149 @@
+//! What the projection engine needs of `projection_generations` and
+//! `generation_positions`: the states (defined here once), which
+//! generations live traffic writes and from which offset on, and a
+//! replay's positions. Creating, verifying and switching generations is the
+//! rebuild's (`herald_rebuild::generations`).
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use sqlx::Row;
+
+use crate::{Db, StoreError, Tx};
+
+pub const BUILDING: &str = "building";
+/// A replay finished and live traffic is catching up (generations created
+/// before boundaries came from the live positions; still written live).
+pub const CATCHING_UP: &str = "catching_up";
+pub const READY: &str = "ready";
+pub const ACTIVE: &str = "active";
+/// The previous active generation: still written live, the rollback target.
+pub const RETIRED: &str = "retired";
+/// Older than the rollback target: no longer written, may be dropped.
+pub const ARCHIVED: &str = "archived";
+pub const FAILED: &str = "failed";
+
+/// States whose generations receive live writes. `archived` and `failed`
+/// ones do not.
+pub const LIVE_STATES: [&str; 5] = [BUILDING, CATCHING_UP, READY, ACTIVE, RETIRED];
+
+/// `state IN (…live states…)` for SQL, the states inlined (constants, not input).
+pub fn live_states_sql() -> String {
+    let quoted: Vec<String> = LIVE_STATES.iter().map(|s| format!("'{s}'")).collect();
+    format!("state IN ({})", quoted.join(", "))
+}
+
+/// A generation's read position in one partition: the replay applies
+/// `[next_offset, boundary_offset)`, live traffic everything from
+/// `boundary_offset` on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Position {
+    pub partition: i32,
+    pub next_offset: i64,
+    pub boundary_offset: i64,
+}
+
+impl Position {
+    pub fn done(&self) -> bool {
+        self.next_offset >= self.boundary_offset
+    }
+}
+
+/// A generation live traffic writes, and from which offset on per
+/// partition: a partition it has no boundary for is live's from offset 0
+/// (a generation that was never rebuilt, or a partition added since).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveGeneration {
+    pub generation: i64,
+    pub boundaries: BTreeMap<i32, i64>,
+}
+
+impl LiveGeneration {
+    /// Whether live traffic applies the record at `offset` of `partition` here.
+    pub fn owns(&self, partition: i32, offset: i64) -> bool {
+        offset >= self.boundaries.get(&partition).copied().unwrap_or(0)
+    }
+}
+
+/// The generations of `projection` that live traffic writes, with their
+/// boundaries in `topic`, read inside the batch's transaction.
+pub async fn live(tx: &mut Tx<'_>, projection: &str, topic: &str) -> Result<Vec<LiveGeneration>, StoreError> {
+    let sql = format!(
+        "SELECT g.generation, p.kafka_partition, p.boundary_offset FROM projection_generations g \
+         LEFT JOIN generation_positions p ON p.projection = g.projection AND p.generation = g.generation AND p.topic = $2 \
+         WHERE g.projection = $1 AND g.{} ORDER BY g.generation",
+        live_states_sql()
+    );
+    let rows = sqlx::query(&sql).bind(projection).bind(topic).fetch_all(&mut **tx).await?;
+    let mut out: Vec<LiveGeneration> = Vec::new();
+    for row in rows {
+        let generation: i64 = row.try_get("generation")?;
+        if out.last().is_none_or(|g| g.generation != generation) {
+            out.push(LiveGeneration { generation, boundaries: BTreeMap::new() });
+        }
+        let partition: Option<i32> = row.try_get("kafka_partition")?;
+        let boundary: Option<i64> = row.try_get("boundary_offset")?;
+        if let (Some(partition), Some(boundary), Some(last)) = (partition, boundary, out.last_mut()) {
+            last.boundaries.insert(partition, boundary);
+        }
+    }
+    Ok(out)
+}
+
+/// A generation's replay positions, by partition.
+pub async fn positions(db: &Db, projection: &str, generation: i64) -> Result<Vec<Position>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT kafka_partition, next_offset, boundary_offset FROM generation_positions \
+         WHERE projection = $1 AND generation = $2 ORDER BY kafka_partition",
+    )
+    .bind(projection)
+    .bind(generation)
+    .fetch_all(db.pool())
+    .await?;
+    rows.iter()
+        .map(|r| Ok(Position { partition: r.try_get("kafka_partition")?, next_offset: r.try_get("next_offset")?, boundary_offset: r.try_get("boundary_offset")? }))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Advances a replay position inside the replay's transaction, so what it
+/// wrote and the position that produced it commit together: a rebuild
+/// killed at any point resumes exactly after what it applied.
+pub async fn advance(tx: &mut Tx<'_>, projection: &str, generation: i64, partition: i32, next_offset: i64) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE generation_positions SET next_offset = $1 WHERE projection = $2 AND generation = $3 AND kafka_partition = $4 \
+         AND next_offset < $1",
+    )
+    .bind(next_offset)
+    .bind(projection)
+    .bind(generation)
+    .bind(partition)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The generation reads go to.
+pub async fn active(db: &Db, projection: &str) -> Result<i64, StoreError> {
+    Ok(sqlx::query("SELECT generation FROM active_generations WHERE projection = $1")
+        .bind(projection)
+        .fetch_one(db.pool())
+        .await?
+        .try_get("generation")?)
+}
+
+/// [`advance`] for a replay on sqlx's native PostgreSQL driver: every
+/// partition of the batch in one statement.
+pub async fn advance_pg(conn: &mut sqlx::PgConnection, projection: &str, generation: i64, next: &BTreeMap<i32, i64>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE generation_positions SET next_offset = u.n FROM UNNEST($1::int4[], $2::int8[]) AS u(p, n) \
+         WHERE projection = $3 AND generation = $4 AND kafka_partition = u.p AND next_offset < u.n",
+    )
+    .bind(next.keys().copied().collect::<Vec<i32>>())
+    .bind(next.values().copied().collect::<Vec<i64>>())
+    .bind(projection)
+    .bind(generation)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

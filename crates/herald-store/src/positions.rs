@@ -1,0 +1,70 @@
+//! How far each live subscription has applied each partition
+//! (`subscription_positions`). The engine advances it as the first statement
+//! of every batch transaction, which also makes it the lock that orders a
+//! batch against a rebuild opening a new generation: the batch either
+//! commits before the generation opens (and its records fall below the
+//! generation's boundary, the replay's) or reads the generation after it
+//! opened (and applies its records at or above the boundary to it).
+
+use std::collections::BTreeMap;
+
+use sqlx::Row;
+
+use crate::{Backend, Db, StoreError, Tx};
+
+/// Advances `subscription`'s positions to `next` (partition → offset after
+/// the last record), never backwards. Partitions are locked in order, so two
+/// transactions cannot deadlock on them.
+pub async fn advance(tx: &mut Tx<'_>, subscription: &str, topic: &str, next: &BTreeMap<i32, i64>) -> Result<(), StoreError> {
+    for (partition, next_offset) in next {
+        sqlx::query(
+            "INSERT INTO subscription_positions (subscription, topic, kafka_partition, next_offset) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (subscription, topic, kafka_partition) DO UPDATE SET next_offset = CASE \
+             WHEN excluded.next_offset > subscription_positions.next_offset THEN excluded.next_offset \
+             ELSE subscription_positions.next_offset END",
+        )
+        .bind(subscription)
+        .bind(topic)
+        .bind(partition)
+        .bind(next_offset)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Reads `subscription`'s positions in `topic` for `partitions` and holds
+/// them until `tx` ends: no batch of the subscription can commit on those
+/// partitions meanwhile. A partition never applied reads 0.
+pub async fn lock(db: &Db, tx: &mut Tx<'_>, subscription: &str, topic: &str, partitions: &[i32]) -> Result<BTreeMap<i32, i64>, StoreError> {
+    let zeros: BTreeMap<i32, i64> = partitions.iter().map(|p| (*p, 0)).collect();
+    // Rows must exist to be locked; a zero never moves a position back.
+    advance(tx, subscription, topic, &zeros).await?;
+    let lock = if db.backend() == Backend::Postgres { " FOR UPDATE" } else { "" };
+    let rows = sqlx::query(&format!(
+        "SELECT kafka_partition, next_offset FROM subscription_positions WHERE subscription = $1 AND topic = $2 \
+         ORDER BY kafka_partition{lock}"
+    ))
+    .bind(subscription)
+    .bind(topic)
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut out = zeros;
+    for row in rows {
+        let partition: i32 = row.try_get("kafka_partition")?;
+        if let Some(slot) = out.get_mut(&partition) {
+            *slot = row.try_get("next_offset")?;
+        }
+    }
+    Ok(out)
+}
+
+/// `subscription`'s positions in `topic`, for status and tests.
+pub async fn read(db: &Db, subscription: &str, topic: &str) -> Result<BTreeMap<i32, i64>, StoreError> {
+    let rows = sqlx::query("SELECT kafka_partition, next_offset FROM subscription_positions WHERE subscription = $1 AND topic = $2")
+        .bind(subscription)
+        .bind(topic)
+        .fetch_all(db.pool())
+        .await?;
+    rows.iter().map(|r| Ok((r.try_get("kafka_partition")?, r.try_get("next_offset")?))).collect()
+}
