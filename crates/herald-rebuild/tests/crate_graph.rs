@@ -56,3 +56,15 @@ fn herald_rebuild_does_not_depend_on_notification_code() {
     assert!(!rebuild.contains("herald-notify"), "herald-rebuild must not reach notification code: {rebuild:?}");
     assert!(closure(&members, "herald").contains("herald-notify"), "the walk would see it if it were there");
 }
+
+/// The projection engine (live and replay) and the read models it runs are
+/// what a rebuild executes: none of them may reach notification code either.
+#[test]
+fn the_projection_engine_does_not_depend_on_notification_code() {
+    let members = workspace();
+    for engine in ["herald-consumer", "herald-projections", "herald-store"] {
+        let reach = closure(&members, engine);
+        assert!(!reach.contains("herald-notify"), "{engine} must not reach notification code: {reach:?}");
+    }
+    assert!(closure(&members, "herald-rebuild").contains("herald-consumer"), "the rebuild runs on the engine");
+}

@@ -1,0 +1,75 @@
+//! The search projection's two writers on a batch meeting earlier writes:
+//! a job already in the generation sends both paths from the plain insert to
+//! the version-guarded upsert; nothing older overwrites anything newer.
+//! PostgreSQL's native fast path (what replays use) and the shared `Any`
+//! path (live traffic, SQLite), on both databases.
+
+use herald_consumer::Projection;
+use herald_envelope::ExportCompleted;
+use herald_projections::search::{Fact, Search};
+use herald_store::Db;
+use herald_testkit::{TestDb, postgres_db, sqlite_db};
+use sqlx::Connection;
+use sqlx::Row;
+
+fn completed(job: &str, version: i64) -> Fact {
+    Fact::Completed(ExportCompleted {
+        job_id: job.into(),
+        caller: "alice".into(),
+        format: "csv".into(),
+        query: format!("{job} v{version}"),
+        result_id: "r".into(),
+        size_bytes: 1,
+        sha256: String::new(),
+        completed_at_ms: 1,
+        version,
+        content_type: "text/csv".into(),
+    })
+}
+
+async fn versions(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
+    let rows = sqlx::query("SELECT job_id, version FROM search_documents WHERE generation = 7 ORDER BY job_id").fetch_all(db.pool()).await?;
+    Ok(rows.iter().map(|r| Ok((r.try_get("job_id")?, r.try_get("version")?))).collect::<Result<_, sqlx::Error>>()?)
+}
+
+/// Writes `facts` into generation 7 through the native driver on
+/// PostgreSQL, through `Any` elsewhere.
+async fn write(db: &Db, facts: &[Fact], native: bool) -> anyhow::Result<()> {
+    let refs: Vec<&Fact> = facts.iter().collect();
+    if native {
+        let mut conn = sqlx::PgConnection::connect(db.url()).await?;
+        let mut tx = conn.begin().await?;
+        Search.write_pg(&mut tx, 7, &refs).await?;
+        tx.commit().await?;
+    } else {
+        let mut tx = db.begin().await?;
+        Search.write(&mut tx, 7, &refs).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}
+
+async fn earlier_writes_fall_back_and_keep_versions(test_db: TestDb, native: bool) -> anyhow::Result<()> {
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    write(&db, &[completed("a", 2), completed("b", 1)], native).await?;
+    assert_eq!(versions(&db).await?, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
+    // a again with an older version, b with a newer one, a twice in the batch.
+    write(&db, &[completed("a", 2), completed("a", 1), completed("b", 3)], native).await?;
+    assert_eq!(versions(&db).await?, [("a".to_owned(), 2), ("b".to_owned(), 3)]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn conflicts_fall_back_on_postgres_native() -> anyhow::Result<()> {
+    earlier_writes_fall_back_and_keep_versions(postgres_db().await?, true).await
+}
+
+#[tokio::test]
+async fn conflicts_fall_back_on_postgres_any() -> anyhow::Result<()> {
+    earlier_writes_fall_back_and_keep_versions(postgres_db().await?, false).await
+}
+
+#[tokio::test]
+async fn conflicts_fall_back_on_sqlite() -> anyhow::Result<()> {
+    earlier_writes_fall_back_and_keep_versions(sqlite_db()?, false).await
+}
