@@ -2,12 +2,13 @@
 //! process: commit then exit (the caller's connection breaks after the
 //! effect), refusing connections for a while, for real, and the slow mode of
 //! the adversarial drill, whose count of ambiguous calls the drill's targets
-//! rest on.
+//! rest on — including requests the simulator was killed on before it
+//! executed them.
 
 use std::process::Stdio;
 use std::time::Duration;
 
-use herald_notify::provider::{ProviderClient, SendOutcome};
+use herald_notify::provider::{NO_ANSWER, ProviderClient, SendOutcome};
 use herald_notify::sim::Ledger;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -107,7 +108,7 @@ async fn the_slow_simulator_counts_every_call_its_caller_heard_no_answer_to() ->
     }
     let ledger = Ledger::open(&ledger_path).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while ledger.calls_unsettled().await? > 0 {
+    while ledger.requests_unsettled().await? > 0 {
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "late calls never finished");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -122,4 +123,44 @@ async fn the_slow_simulator_counts_every_call_its_caller_heard_no_answer_to() ->
     assert!(kinds.keys().all(|k| ["late", "dropped", "caller_gone"].contains(&k.as_str())), "{kinds:?}");
     child.start_kill()?;
     Ok(())
+}
+
+/// A request counts from its arrival, not from its execution: held by
+/// `--pause`, then SIGKILLed with it, it executed nothing, yet its caller saw
+/// the connection end without an answer — so the ledger, reopened by the
+/// next simulator, counts it ambiguous.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_the_simulator_dies_on_before_executing_it_is_ambiguous() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ledger = dir.path().join("ledger.sqlite").display().to_string();
+    let (mut child, url) = start_mode("unkeyed", &ledger, &["--pause"]).await?;
+    // The timeout only bounds the test: the kill must end the call first.
+    let client = ProviderClient::new(&url, Duration::from_secs(20))?;
+    let call = tokio::spawn(async move { client.send("held", "{}").await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while requests_of(&url, "held").await?["requests"] != 1 {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "the request never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.start_kill()?;
+    child.wait().await?;
+    match call.await? {
+        SendOutcome::Unknown { reason } => {
+            assert!(reason.starts_with(&format!("{NO_ANSWER}:")), "the connection ended, no timeout: {reason}");
+        }
+        other => anyhow::bail!("the caller must not know what happened, got {other:?}"),
+    }
+    let (mut again, url) = start_mode("unkeyed", &ledger, &[]).await?;
+    let totals: Value = reqwest::get(format!("{url}/effects")).await?.json().await?;
+    assert_eq!((totals["effects"].as_i64(), totals["requests"].as_i64(), totals["ambiguous"].as_i64()), (Some(0), Some(1), Some(1)), "{totals}");
+    let kinds: Value = reqwest::get(format!("{url}/effects/ambiguous")).await?.json().await?;
+    assert_eq!(kinds, serde_json::json!({"unanswered": 1}));
+    assert_eq!(requests_of(&url, "held").await?, serde_json::json!({"requests": 1, "ambiguous": 1}));
+    assert_eq!(requests_of(&url, "never-sent").await?, serde_json::json!({"requests": 0, "ambiguous": 0}));
+    again.start_kill()?;
+    Ok(())
+}
+
+async fn requests_of(url: &str, key: &str) -> anyhow::Result<Value> {
+    Ok(reqwest::get(format!("{url}/requests/{key}")).await?.error_for_status()?.json().await?)
 }

@@ -1,8 +1,8 @@
-//! The simulator's durable ledger (SQLite): every request, every effect, for
-//! the keyed mode every key with the body it was first accepted with, and
-//! every call that executed or replayed a key, marked once its answer was
-//! handed over in time. A call never marked is ambiguous: the caller may not
-//! have heard its answer — also when the simulator died before answering.
+//! The simulator's durable ledger (SQLite): every request from its arrival,
+//! marked once its answer was handed over in time, every effect, and for the
+//! keyed mode every key with the body it was first accepted with. A request
+//! never marked is ambiguous: the caller may not have heard its answer —
+//! also when the simulator died before executing or answering it.
 
 use std::str::FromStr;
 
@@ -13,10 +13,10 @@ use sqlx::{Executor, Row};
 /// What a request did to the ledger.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// A new effect with this receipt; `call` names the call in the ledger.
-    Executed { receipt: String, call: i64 },
+    /// A new effect with this receipt.
+    Executed { receipt: String },
     /// The key was seen with the same body: the stored result, no new effect.
-    Replayed { receipt: String, call: i64 },
+    Replayed { receipt: String },
     /// The key was seen with another body: nothing executed.
     Conflict,
 }
@@ -33,13 +33,21 @@ pub struct KeyEffects {
     pub effects: i64,
 }
 
+/// Requests that carried one key (`GET /requests/{key}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KeyRequests {
+    /// Recorded as they arrived, executed or not.
+    pub requests: i64,
+    pub ambiguous: i64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Totals {
     pub effects: i64,
     pub keys: i64,
     pub requests: i64,
-    /// Calls executed (or replayed) whose answer the caller may not have
-    /// received: see [`super::Ambiguity`].
+    /// Requests whose answer the caller may not have received: see
+    /// [`super::Ambiguity`].
     pub ambiguous: i64,
 }
 
@@ -49,21 +57,22 @@ impl Ledger {
         // One connection: the ledger's check-then-insert must not interleave.
         let pool = SqlitePoolOptions::new().max_connections(1).connect_with(options).await?;
         pool.execute(
-            "CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at_ms INTEGER NOT NULL);
+            "CREATE TABLE IF NOT EXISTS requests (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at_ms INTEGER NOT NULL,
+                 answered INTEGER NOT NULL DEFAULT 0, kind TEXT);
              CREATE TABLE IF NOT EXISTS effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, body_sha256 TEXT NOT NULL,
                  body TEXT NOT NULL, receipt TEXT NOT NULL, at_ms INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS keys (key TEXT PRIMARY KEY, body_sha256 TEXT NOT NULL, receipt TEXT NOT NULL,
-                 at_ms INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS calls (seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT, at_ms INTEGER NOT NULL,
-                 answered INTEGER NOT NULL DEFAULT 0, kind TEXT);",
+                 at_ms INTEGER NOT NULL);",
         )
         .await?;
         Ok(Ledger { pool })
     }
 
-    pub async fn record_request(&self, key: Option<&str>, now_ms: i64) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO requests (key, at_ms) VALUES (?, ?)").bind(key).bind(now_ms).execute(&self.pool).await?;
-        Ok(())
+    /// Records a request as it arrives, before anything else can happen to
+    /// it: its seq, to mark how it was answered.
+    pub async fn record_request(&self, key: Option<&str>, now_ms: i64) -> Result<i64, sqlx::Error> {
+        let done = sqlx::query("INSERT INTO requests (key, at_ms) VALUES (?, ?)").bind(key).bind(now_ms).execute(&self.pool).await?;
+        Ok(done.last_insert_rowid())
     }
 
     /// Applies a request. `keyed_since_ms`: keys accepted before it are
@@ -83,9 +92,7 @@ impl Ledger {
                 if stored != hash {
                     return Ok(Applied::Conflict);
                 }
-                let call = open_call(&mut tx, Some(key), now_ms).await?;
-                tx.commit().await?;
-                return Ok(Applied::Replayed { receipt: row.try_get("receipt")?, call });
+                return Ok(Applied::Replayed { receipt: row.try_get("receipt")? });
             }
         }
         let receipt = format!("rcpt_{}", uuid::Uuid::new_v4().simple());
@@ -106,20 +113,19 @@ impl Ledger {
                 .execute(&mut *tx)
                 .await?;
         }
-        let call = open_call(&mut tx, key, now_ms).await?;
         tx.commit().await?;
-        Ok(Applied::Executed { receipt, call })
+        Ok(Applied::Executed { receipt })
     }
 
-    /// The call's answer was handed over in time: it is not ambiguous.
-    pub async fn answered(&self, call: i64) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE calls SET answered = 1 WHERE seq = ?").bind(call).execute(&self.pool).await?;
+    /// The request's answer was handed over in time: it is not ambiguous.
+    pub async fn answered(&self, request: i64) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE requests SET answered = 1 WHERE seq = ?").bind(request).execute(&self.pool).await?;
         Ok(())
     }
 
-    /// Why the call's answer may not have reached the caller.
-    pub async fn ambiguous(&self, call: i64, kind: &str) -> Result<(), sqlx::Error> {
-        sqlx::query("UPDATE calls SET kind = ? WHERE seq = ?").bind(kind).bind(call).execute(&self.pool).await?;
+    /// Why the request's answer may not have reached the caller.
+    pub async fn ambiguous(&self, request: i64, kind: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("UPDATE requests SET kind = ? WHERE seq = ?").bind(kind).bind(request).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -131,7 +137,7 @@ impl Ledger {
     pub async fn totals(&self) -> Result<Totals, sqlx::Error> {
         let row = sqlx::query(
             "SELECT (SELECT COUNT(*) FROM effects) AS effects, (SELECT COUNT(*) FROM keys) AS keys, \
-             (SELECT COUNT(*) FROM requests) AS requests, (SELECT COUNT(*) FROM calls WHERE answered = 0) AS ambiguous",
+             (SELECT COUNT(*) FROM requests) AS requests, (SELECT COUNT(*) FROM requests WHERE answered = 0) AS ambiguous",
         )
         .fetch_one(&self.pool)
         .await?;
@@ -143,10 +149,10 @@ impl Ledger {
         })
     }
 
-    /// Ambiguous calls per kind (see [`super::Ambiguity`]); `unanswered`:
+    /// Ambiguous requests per kind (see [`super::Ambiguity`]); `unanswered`:
     /// the simulator stopped (or is still busy) before it answered.
     pub async fn ambiguous_by_kind(&self) -> Result<std::collections::BTreeMap<String, i64>, sqlx::Error> {
-        let rows = sqlx::query("SELECT COALESCE(kind, 'unanswered') AS kind, COUNT(*) AS n FROM calls WHERE answered = 0 GROUP BY 1")
+        let rows = sqlx::query("SELECT COALESCE(kind, 'unanswered') AS kind, COUNT(*) AS n FROM requests WHERE answered = 0 GROUP BY 1")
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(|r| Ok((r.try_get("kind")?, r.try_get("n")?))).collect()
@@ -157,32 +163,36 @@ impl Ledger {
         sqlx::query("SELECT COUNT(*) AS n FROM requests WHERE key = ?").bind(key).fetch_one(&self.pool).await?.try_get("n")
     }
 
+    /// Requests that carried `key` and how many of them are ambiguous.
+    pub async fn key_requests(&self, key: &str) -> Result<KeyRequests, sqlx::Error> {
+        let row = sqlx::query("SELECT COUNT(*) AS requests, COALESCE(SUM(answered = 0), 0) AS ambiguous FROM requests WHERE key = ?")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(KeyRequests { requests: row.try_get("requests")?, ambiguous: row.try_get("ambiguous")? })
+    }
+
     /// Effects per key (`None`: requests without a key), for `herald audit`.
     pub async fn effects_by_key(&self) -> Result<Vec<KeyEffects>, sqlx::Error> {
         let rows = sqlx::query("SELECT key, COUNT(*) AS n FROM effects GROUP BY key ORDER BY key").fetch_all(&self.pool).await?;
         rows.iter().map(|r| Ok(KeyEffects { key: r.try_get("key")?, effects: r.try_get("n")? })).collect()
     }
 
-    /// Ambiguous calls under `key`, for tests.
+    /// Ambiguous requests under `key`.
     pub async fn ambiguous_calls_of(&self, key: &str) -> Result<i64, sqlx::Error> {
-        sqlx::query("SELECT COUNT(*) AS n FROM calls WHERE key = ? AND answered = 0").bind(key).fetch_one(&self.pool).await?.try_get("n")
+        sqlx::query("SELECT COUNT(*) AS n FROM requests WHERE key = ? AND answered = 0").bind(key).fetch_one(&self.pool).await?.try_get("n")
     }
 
-    /// Calls neither answered nor found ambiguous yet: still being served,
-    /// or cut short by the simulator's death.
-    pub async fn calls_unsettled(&self) -> Result<i64, sqlx::Error> {
-        sqlx::query("SELECT COUNT(*) AS n FROM calls WHERE answered = 0 AND kind IS NULL").fetch_one(&self.pool).await?.try_get("n")
+    /// Requests neither answered nor found ambiguous yet: still being
+    /// served, or cut short by the simulator's death.
+    pub async fn requests_unsettled(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query("SELECT COUNT(*) AS n FROM requests WHERE answered = 0 AND kind IS NULL").fetch_one(&self.pool).await?.try_get("n")
     }
 
     /// Effects recorded for `key` (any body), for tests and audits.
     pub async fn effects_of(&self, key: &str) -> Result<i64, sqlx::Error> {
         sqlx::query("SELECT COUNT(*) AS n FROM effects WHERE key = ?").bind(key).fetch_one(&self.pool).await?.try_get("n")
     }
-}
-
-async fn open_call(tx: &mut sqlx::SqliteConnection, key: Option<&str>, now_ms: i64) -> Result<i64, sqlx::Error> {
-    let done = sqlx::query("INSERT INTO calls (key, at_ms) VALUES (?, ?)").bind(key).bind(now_ms).execute(&mut *tx).await?;
-    Ok(done.last_insert_rowid())
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -6,8 +6,8 @@
 //! answer lost after the commit, the process dying after the commit,
 //! connections refused, and calls held until released. Slow mode ([`slow`])
 //! answers around the caller's timeout and sometimes drops the connection
-//! after executing; the ledger counts every call whose answer may not have
-//! reached the caller.
+//! after executing; the ledger counts every request whose answer may not
+//! have reached the caller.
 
 mod ledger;
 mod listener;
@@ -29,7 +29,7 @@ use tokio::sync::{Mutex, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use ledger::{Applied, KeyEffects, Ledger, Totals};
+pub use ledger::{Applied, KeyEffects, KeyRequests, Ledger, Totals};
 pub use listener::{ConnCut, RefusableListener, RefuseSwitch};
 pub use slow::{Ambiguity, Plan, Slowness};
 
@@ -96,6 +96,7 @@ pub async fn serve(listener: TcpListener, ledger: Ledger, config: SimConfig, fau
         .route("/effects", get(effects))
         .route("/effects/by-key", get(effects_by_key))
         .route("/effects/ambiguous", get(ambiguous))
+        .route("/requests/{key}", get(key_requests))
         .route("/faults", post(set_faults))
         .with_state(sim);
     let listener = RefusableListener::new(listener, refuse)?;
@@ -114,35 +115,51 @@ async fn notify(State(sim): State<Sim>, ConnectInfo(conn): ConnectInfo<ConnCut>,
     // simulator can see of it.
     let arrived = Instant::now();
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let Ok(body) = String::from_utf8(body.to_vec()) else {
-        return (StatusCode::BAD_REQUEST, "body must be UTF-8").into_response();
-    };
-    if let Err(e) = sim.ledger.record_request(key.as_deref(), now_ms()).await {
-        return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
-    }
-    let mut paused = sim.paused.subscribe();
-    let _ = paused.wait_for(|p| !*p).await;
-    let plan = sim.config.slow.map_or(Plan::PROMPT, |s| s.plan(rand::random(), rand::random(), rand::random()));
     let (answer, answered) = oneshot::channel();
     // A provider finishes what it started even when the caller hangs up, so
-    // the call runs in its own task, not in this (cancellable) handler.
-    tokio::spawn(serve_call(sim, key, body, plan, arrived, conn, answer));
+    // the request is served in its own task, not in this handler, which
+    // hyper drops when the caller goes; that also keeps its record intact.
+    tokio::spawn(serve_call(sim, Call { key, body, arrived, conn }, answer));
     answered.await.unwrap_or_else(|_| (StatusCode::SERVICE_UNAVAILABLE, "the call failed inside the simulator").into_response())
 }
 
-/// One call: wait, execute, wait, answer — then record in the ledger whether
-/// the answer was handed over in time. Recording after answering means a
-/// simulator killed in between counts the call ambiguous: over-counting is
-/// the safe side.
-async fn serve_call(sim: Sim, key: Option<String>, body: String, plan: Plan, arrived: Instant, conn: ConnCut, answer: oneshot::Sender<Response>) {
-    tokio::time::sleep(plan.before).await;
-    let (response, call) = execute(&sim, key.as_deref(), &body).await;
-    tokio::time::sleep(plan.after).await;
-    let Some(call) = call else {
-        let _ = answer.send(response);
-        return;
+/// One request, as it arrived.
+struct Call {
+    key: Option<String>,
+    body: Bytes,
+    arrived: Instant,
+    conn: ConnCut,
+}
+
+/// One call: record, wait, execute, wait, answer — then record in the ledger
+/// whether the answer was handed over in time, whatever it says. Recorded
+/// first, marked last: a simulator killed anywhere in between leaves the
+/// request ambiguous, as its caller saw it; over-counting is the safe side.
+async fn serve_call(sim: Sim, call: Call, mut answer: oneshot::Sender<Response>) {
+    let Call { key, body, arrived, conn } = call;
+    let request = match sim.ledger.record_request(key.as_deref(), now_ms()).await {
+        Ok(request) => request,
+        Err(e) => {
+            let _ = answer.send((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response());
+            return;
+        }
     };
-    let ambiguity = if plan.drop_connection {
+    let mut paused = sim.paused.subscribe();
+    tokio::select! {
+        biased;
+        () = async { drop(paused.wait_for(|p| !*p).await) } => {}
+        // A held request nobody waits for any more is never executed.
+        () = answer.closed() => {
+            warn_unrecorded(request, sim.ledger.ambiguous(request, Ambiguity::CallerGone.as_str()).await);
+            return;
+        }
+    }
+    let plan = sim.config.slow.map_or(Plan::PROMPT, |s| s.plan(rand::random(), rand::random(), rand::random()));
+    tokio::time::sleep(plan.before).await;
+    let (response, ran) = execute(&sim, request, key.as_deref(), &body).await;
+    tokio::time::sleep(plan.after).await;
+    // The cut stands for an answer lost after the work was done.
+    let ambiguity = if ran && plan.drop_connection {
         conn.cut();
         Some(Ambiguity::Dropped)
     } else if sim.config.slow.is_some_and(|s| s.late(arrived.elapsed())) {
@@ -152,35 +169,41 @@ async fn serve_call(sim: Sim, key: Option<String>, body: String, plan: Plan, arr
     };
     let delivered = answer.send(response).is_ok();
     let recorded = match (ambiguity, delivered) {
-        (None, true) => sim.ledger.answered(call).await,
-        (Some(kind), _) => sim.ledger.ambiguous(call, kind.as_str()).await,
-        (None, false) => sim.ledger.ambiguous(call, Ambiguity::CallerGone.as_str()).await,
+        (None, true) => sim.ledger.answered(request).await,
+        (Some(kind), _) => sim.ledger.ambiguous(request, kind.as_str()).await,
+        (None, false) => sim.ledger.ambiguous(request, Ambiguity::CallerGone.as_str()).await,
     };
+    warn_unrecorded(request, recorded);
+}
+
+fn warn_unrecorded(request: i64, recorded: Result<(), sqlx::Error>) {
     if let Err(e) = recorded {
-        tracing::warn!(error = %e, call, "ledger: could not record how the call was answered; it counts as ambiguous");
+        tracing::warn!(error = %e, request, "ledger: could not record how the request was answered; it counts as ambiguous");
     }
 }
 
-/// Applies the request to the ledger; the call's id when it executed or
-/// replayed a key.
-async fn execute(sim: &Sim, key: Option<&str>, body: &str) -> (Response, Option<i64>) {
+/// Applies the request to the ledger; whether it executed or replayed a key.
+async fn execute(sim: &Sim, request: i64, key: Option<&str>, body: &[u8]) -> (Response, bool) {
+    let Ok(body) = std::str::from_utf8(body) else {
+        return ((StatusCode::BAD_REQUEST, "body must be UTF-8").into_response(), false);
+    };
     let keyed_since = match sim.config.mode {
         Mode::Keyed => Some(now_ms() - i64::try_from(sim.config.key_retention.as_millis()).unwrap_or(i64::MAX)),
         Mode::Unkeyed => None,
     };
     match sim.ledger.apply(key, body, keyed_since, now_ms()).await {
-        Err(e) => ((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(), None),
-        Ok(Applied::Conflict) => ((StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(), None),
-        Ok(Applied::Replayed { receipt, call }) => (Json(json!({"receipt": receipt, "replayed": true})).into_response(), Some(call)),
-        Ok(Applied::Executed { receipt, call }) => {
-            after_commit(sim, call).await;
-            (Json(json!({"receipt": receipt, "replayed": false})).into_response(), Some(call))
+        Err(e) => ((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(), false),
+        Ok(Applied::Conflict) => ((StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(), false),
+        Ok(Applied::Replayed { receipt }) => (Json(json!({"receipt": receipt, "replayed": true})).into_response(), true),
+        Ok(Applied::Executed { receipt }) => {
+            after_commit(sim, request).await;
+            (Json(json!({"receipt": receipt, "replayed": false})).into_response(), true)
         }
     }
 }
 
 /// The fault windows that open after an effect committed.
-async fn after_commit(sim: &Sim, call: i64) {
+async fn after_commit(sim: &Sim, request: i64) {
     let mut faults = sim.faults.lock().await;
     if faults.exit_after_commit {
         info!("fault: exiting after commit");
@@ -190,7 +213,7 @@ async fn after_commit(sim: &Sim, call: i64) {
         faults.drop_responses -= 1;
         drop(faults);
         info!("fault: dropping the response after commit");
-        let _ = sim.ledger.ambiguous(call, Ambiguity::Dropped.as_str()).await;
+        let _ = sim.ledger.ambiguous(request, Ambiguity::Dropped.as_str()).await;
         std::future::pending::<()>().await;
     }
 }
@@ -217,6 +240,13 @@ async fn effects(State(sim): State<Sim>) -> Response {
 async fn ambiguous(State(sim): State<Sim>) -> Response {
     match sim.ledger.ambiguous_by_kind().await {
         Ok(kinds) => Json(kinds).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn key_requests(State(sim): State<Sim>, Path(key): Path<String>) -> Response {
+    match sim.ledger.key_requests(&key).await {
+        Ok(counts) => Json(counts).into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }
 }

@@ -171,10 +171,13 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
     let audited = herald_audit::audit(&sources).await;
     let (audit, evidence) = audited?;
     let duplicates = evidence.provider_effects.as_ref().map_or(0, herald_audit::checks::duplicates);
+    // Both ask the simulator, so before it stops.
     let provider = provider::provider_report(&sim, args.provider, duplicates).await;
+    let intents = provider::intent_report(&db, &sim).await;
     procs.stop_all(Duration::from_secs(10)).await;
-    let (provider, intents) = (provider?, provider::intent_report(&db).await?);
-    let dispatcher_deaths = procs.kills.get("dispatch").copied().unwrap_or(0) + procs.exits.get("dispatch").copied().unwrap_or(0);
+    let (provider, intents) = (provider?, intents?);
+    let deaths_of = |role: &str| procs.kills.get(role).copied().unwrap_or(0) + procs.exits.get(role).copied().unwrap_or(0);
+    let deaths = provider::Deaths { dispatchers: deaths_of("dispatch"), providers: deaths_of("provider-sim") };
     let outcome = report::Outcome {
         chaos_secs: started.elapsed().as_secs_f64() - drained.as_secs_f64(),
         drain_secs: drained.as_secs_f64(),
@@ -188,7 +191,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         broker_restarts: brokers.restarts,
         kafka_records: evidence.kafka.records.len(),
         notification_duplicates: duplicates,
-        targets: provider::targets(&provider, &intents, dispatcher_deaths),
+        targets: provider::targets(&provider, &intents, deaths),
         provider,
         intents,
         database: url,

@@ -4,9 +4,11 @@
 //!
 //! A slow provider answers close to the call timeout, sometimes after it,
 //! and sometimes executes and then drops the connection; the simulator
-//! counts those ambiguous calls (and any call it died in before answering).
-//! Dispatchers are SIGKILLed too: each kill may interrupt the one call its
-//! dispatcher had in flight.
+//! counts those ambiguous calls (and any request it died in before
+//! answering). Dispatchers are SIGKILLed too: each kill may interrupt the one
+//! call its dispatcher had in flight. So is the simulator: a request it died
+//! on before recording it leaves no trace there, only an `unknown` intent
+//! whose key it never saw.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,7 +16,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use herald_notify::provider::NO_ANSWER;
 use herald_notify::rules::EARLIER_ATTEMPT;
-use herald_notify::sim::Totals;
+use herald_notify::sim::{KeyRequests, Totals};
 use herald_store::Db;
 use serde::Serialize;
 use sqlx::Row;
@@ -106,36 +108,51 @@ pub struct IntentReport {
     pub by_status: BTreeMap<String, i64>,
     /// `unknown` intents whose reason blames an earlier, interrupted call.
     pub unknown_interrupted: i64,
-    /// `unknown` intents after a call that got no answer.
+    /// `unknown` intents after a call that got no answer, under a key the
+    /// provider recorded.
     pub unknown_unanswered: i64,
+    /// `unknown` intents after a call that got no answer, under a key the
+    /// provider never recorded: it died before it recorded the request.
+    pub unknown_unseen: i64,
     /// A few reasons, for the reader.
     pub unknown_reasons: BTreeMap<String, i64>,
 }
 
 impl IntentReport {
     pub fn unknown(&self) -> i64 {
-        self.unknown_interrupted + self.unknown_unanswered
+        self.unknown_interrupted + self.unknown_unanswered + self.unknown_unseen
     }
 }
 
-pub async fn intent_report(db: &Db) -> anyhow::Result<IntentReport> {
+/// Where the intents ended; the simulator at `sim_url` is asked, for each
+/// `unknown` intent after an unanswered call, whether it saw its key.
+pub async fn intent_report(db: &Db, sim_url: &str) -> anyhow::Result<IntentReport> {
     let mut report = IntentReport::default();
     for row in sqlx::query("SELECT status, COUNT(*) AS n FROM notification_intents GROUP BY status").fetch_all(db.pool()).await? {
         let n: i64 = row.try_get("n")?;
         report.total += n;
         report.by_status.insert(row.try_get("status")?, n);
     }
-    for row in sqlx::query("SELECT last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await? {
+    let client = reqwest::Client::new();
+    for row in sqlx::query("SELECT idempotency_key, last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await? {
         let reason: Option<String> = row.try_get("last_error")?;
         let reason = reason.unwrap_or_default();
         if reason.starts_with(EARLIER_ATTEMPT) {
             report.unknown_interrupted += 1;
+        } else if key_requests(&client, sim_url, &row.try_get::<String, _>("idempotency_key")?).await?.requests == 0 {
+            report.unknown_unseen += 1;
         } else {
             report.unknown_unanswered += 1;
         }
         *report.unknown_reasons.entry(reason_class(&reason)).or_default() += 1;
     }
     Ok(report)
+}
+
+async fn key_requests(client: &reqwest::Client, sim_url: &str, key: &str) -> anyhow::Result<KeyRequests> {
+    let mut url = reqwest::Url::parse(sim_url)?;
+    url.path_segments_mut().map_err(|()| anyhow::anyhow!("{sim_url} cannot take a path"))?.push("requests").push(key);
+    Ok(client.get(url).send().await?.error_for_status()?.json().await?)
 }
 
 /// A reason without its particulars (URLs, error chains), to group by.
@@ -157,9 +174,17 @@ pub struct Target {
     pub detail: String,
 }
 
-/// The mode's targets. `dispatcher_deaths`: dispatchers SIGKILLed or
-/// exited, each able to interrupt one call.
-pub fn targets(provider: &ProviderReport, intents: &IntentReport, dispatcher_deaths: u64) -> Vec<Target> {
+/// Processes that died during the run (SIGKILLed or exited on their own).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Deaths {
+    /// Each could interrupt the one call its dispatcher had in flight.
+    pub dispatchers: u64,
+    /// Each could take with it one unrecorded request per dispatcher.
+    pub providers: u64,
+}
+
+/// The mode's targets.
+pub fn targets(provider: &ProviderReport, intents: &IntentReport, deaths: Deaths) -> Vec<Target> {
     let mut targets = vec![Target {
         name: "no duplicate effect",
         met: provider.duplicates == 0,
@@ -176,7 +201,8 @@ pub fn targets(provider: &ProviderReport, intents: &IntentReport, dispatcher_dea
         targets.push(Target { name: "no unknown after the drain", met: intents.unknown() == 0, detail: format!("{} unknown", intents.unknown()) });
         return targets;
     }
-    let deaths = i64::try_from(dispatcher_deaths).unwrap_or(i64::MAX);
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let unseen_bound = count(deaths.providers).saturating_mul(i64::try_from(DISPATCHERS).unwrap_or(i64::MAX));
     targets.push(Target {
         name: "unknown only after an ambiguous call",
         met: intents.unknown_unanswered <= provider.ambiguous_calls,
@@ -184,8 +210,19 @@ pub fn targets(provider: &ProviderReport, intents: &IntentReport, dispatcher_dea
     });
     targets.push(Target {
         name: "unknown only after an interrupted call",
-        met: intents.unknown_interrupted <= deaths,
-        detail: format!("{} unknown after an interrupted call, {deaths} dispatcher deaths (one call in flight each at most)", intents.unknown_interrupted),
+        met: intents.unknown_interrupted <= count(deaths.dispatchers),
+        detail: format!(
+            "{} unknown after an interrupted call, {} dispatcher deaths (one call in flight each at most)",
+            intents.unknown_interrupted, deaths.dispatchers
+        ),
+    });
+    targets.push(Target {
+        name: "unknown only after a call the provider never saw because it died",
+        met: intents.unknown_unseen <= unseen_bound,
+        detail: format!(
+            "{} unknown under a key the provider never recorded, {} provider deaths × {DISPATCHERS} dispatchers (one call in flight each at most)",
+            intents.unknown_unseen, deaths.providers
+        ),
     });
     targets
 }

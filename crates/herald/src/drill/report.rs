@@ -71,7 +71,10 @@ impl Outcome {
         row("provider", format!("{:?}: {} requests, {} effects, {} duplicates, {} ambiguous calls ({})", p.mode, p.requests, p.effects, p.duplicates, p.ambiguous_calls, kinds.join(", ")));
         let statuses: Vec<String> = i.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
         row("intents", format!("{} ({})", i.total, statuses.join(", ")));
-        row("unknown", format!("{} after an unanswered call, {} after an interrupted call", i.unknown_unanswered, i.unknown_interrupted));
+        row("unknown", format!(
+            "{} after an unanswered call, {} after an interrupted call, {} after a call the provider never recorded",
+            i.unknown_unanswered, i.unknown_interrupted, i.unknown_unseen
+        ));
         for (reason, n) in &i.unknown_reasons {
             println!("    {n:>5}  {reason}");
         }
