@@ -131,6 +131,10 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
             Brokers::start(home, &work.join("kafka"), usize::from(args.nodes), args.broker_kill_every, args.broker_down)?
         }
     };
+    // Notifications start with the drill: every completion it causes is
+    // notified, and a notify consumer that first starts after the first
+    // completions were relayed does not take them for history to refuse.
+    let notify_from = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let topics = Topics::default();
     create_topics(brokers.bootstrap(), &topics).await?;
     let artifacts = work.join("artifacts");
@@ -144,7 +148,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         ("HERALD_GROUP_PREFIX".to_owned(), "herald".to_owned()),
     ];
     let mut procs = Procs::new(std::env::current_exe()?, env, work);
-    for spec in specs(args.provider, api_port, &sim, &work.join("provider-ledger.sqlite")) {
+    for spec in specs(args.provider, api_port, &sim, &work.join("provider-ledger.sqlite"), &notify_from) {
         procs.add(spec)?;
     }
     wait_http(&format!("{api}/healthz"), Duration::from_secs(60)).await.context("the API did not come up")?;
@@ -227,7 +231,7 @@ async fn chaos_loop(args: &DrillArgs, chaos: Duration, procs: &mut Procs, broker
 
 /// Every role as its own process: API, two workers, two relays, each
 /// subscription, the dispatchers, the provider simulator in `mode`.
-fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path) -> Vec<Spec> {
+fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path, notify_from: &str) -> Vec<Spec> {
     let args = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let worker = ["worker", "--lease-ms", "4000", "--scan-interval-ms", "500", "--dispatch-timeout-ms", "20000", "--attempt-budget", "20"];
     let relay = ["relay", "--lease-ms", "3000"];
@@ -240,7 +244,7 @@ fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path)
         Spec { role: "relay", name: "relay-2".into(), args: args(&relay) },
         Spec { role: "consume-search", name: "consume-search".into(), args: args(&["consume", "search"]) },
         Spec { role: "consume-stats", name: "consume-stats".into(), args: args(&["consume", "stats"]) },
-        Spec { role: "consume-notify", name: "consume-notify".into(), args: args(&["consume", "notify"]) },
+        Spec { role: "consume-notify", name: "consume-notify".into(), args: args(&["consume", "notify", "--start-at", notify_from]) },
     ];
     for i in 1..=provider::DISPATCHERS {
         specs.push(Spec { role: "dispatch", name: format!("dispatch-{i}"), args: mode.dispatch_args(sim) });
