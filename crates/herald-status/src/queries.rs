@@ -140,11 +140,11 @@ pub async fn jobs(db: &Db, now_ms: i64) -> Result<Jobs, StoreError> {
 
 /// Every generation of every projection, oldest first, and which serves reads.
 pub async fn generations(db: &Db) -> Result<Vec<GenerationFigures>, StoreError> {
-    let documents: BTreeMap<i64, i64> = rows(db, "SELECT generation, COUNT(*) AS n FROM search_documents GROUP BY generation")
-        .await?
-        .iter()
-        .map(|r| Ok((r.try_get("generation")?, r.try_get("n")?)))
-        .collect::<Result<_, StoreError>>()?;
+    let per_generation = |sql: &'static str| async move {
+        rows(db, sql).await?.iter().map(|r| Ok((r.try_get("generation")?, r.try_get("n")?))).collect::<Result<BTreeMap<i64, i64>, StoreError>>()
+    };
+    let documents = per_generation("SELECT generation, COUNT(*) AS n FROM search_documents GROUP BY generation").await?;
+    let counters = per_generation("SELECT generation, COUNT(*) AS n FROM stats_counters GROUP BY generation").await?;
     rows(
         db,
         "SELECT g.projection, g.generation, g.state, a.generation AS active_generation FROM projection_generations g \
@@ -155,8 +155,13 @@ pub async fn generations(db: &Db) -> Result<Vec<GenerationFigures>, StoreError> 
     .map(|r| {
         let (projection, generation): (String, i64) = (r.try_get("projection")?, r.try_get("generation")?);
         let active = r.try_get::<Option<i64>, _>("active_generation")? == Some(generation);
-        // Only the search projection has generations of documents so far.
-        let documents = if projection == "search" { documents.get(&generation).copied().unwrap_or(0) } else { 0 };
+        // Rows of Herald's own projections; a user's own report none here.
+        let held = match projection.as_str() {
+            "search" => &documents,
+            "stats" => &counters,
+            _ => &BTreeMap::new(),
+        };
+        let documents = held.get(&generation).copied().unwrap_or(0);
         Ok(GenerationFigures { projection, generation, state: r.try_get("state")?, active, documents })
     })
     .collect()

@@ -99,6 +99,13 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
             .execute(db.pool())
             .await?;
     }
+    for (day, caller) in [("2026-11-30", "alice"), ("2026-11-30", "bob")] {
+        sqlx::query("INSERT INTO stats_counters (generation, day, caller, format, exports, bytes, updated_at_ms) VALUES (1, $1, $2, 'csv', 1, 1, 0)")
+            .bind(day)
+            .bind(caller)
+            .execute(db.pool())
+            .await?;
+    }
     Ok(())
 }
 
@@ -130,8 +137,9 @@ async fn figures_match_the_rows(test_db: TestDb) -> anyhow::Result<()> {
     let l = &j.latency;
     assert_eq!((l.samples, l.p50_ms, l.p90_ms, l.p99_ms), (11, Some(600), Some(1_000), Some(2_000)));
 
-    let generations: Vec<(i64, &str, bool, i64)> = s.generations.iter().map(|g| (g.generation, g.state.as_str(), g.active, g.documents)).collect();
-    assert_eq!(generations, [(1, "active", true, 3), (2, "building", false, 1)]);
+    let generations: Vec<(&str, i64, &str, bool, i64)> =
+        s.generations.iter().map(|g| (g.projection.as_str(), g.generation, g.state.as_str(), g.active, g.documents)).collect();
+    assert_eq!(generations, [("search", 1, "active", true, 3), ("search", 2, "building", false, 1), ("stats", 1, "active", true, 2)]);
 
     // The histogram's feed: jobs finished after a time, each with its latency.
     let mut recent: Vec<(String, i64)> = queries::finished_since(&db, NOW - 91_000).await?.into_iter().map(|f| (f.job_id, f.latency_ms)).collect();
