@@ -2,22 +2,25 @@
 //! applies the handler to the events seen for the first time. A permanent
 //! failure splits the batch into one transaction per record so that only the
 //! culprit is retried (boundedly) and then dead-lettered; a retryable failure
-//! pauses the subscription and retries, and never dead-letters.
+//! pauses the subscription and retries, and never dead-letters. With
+//! per-key order, the records of a key blocked by a dead letter are parked
+//! in the same transactions instead of applied (see `parking`).
 
 use std::collections::{BTreeMap, HashSet};
 
 use herald_envelope::{DecodedEvent, Registry, decode_any_with};
-use herald_store::{dead_letter, positions};
+use herald_store::dead_letter::{self, NewDeadLetter};
 use herald_store::inbox::{self, Delivery, Entry};
-use herald_store::{Db, StoreError};
+use herald_store::{Db, StoreError, Tx, positions};
 use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::letters::{self, Backoff};
 use crate::metrics::Metrics;
 use crate::handler::Record;
-use crate::{Handler, HandlerError, Options};
+use crate::parking::{self, Blocked, Verdict};
+use crate::{Handler, HandlerError, Options, Order};
 
 /// Each record of a batch decoded (or why not), in the batch's order.
 pub(crate) type Decoded = Vec<Result<DecodedEvent, String>>;
@@ -44,6 +47,7 @@ struct Counts {
     duplicates: u64,
     skipped: u64,
     dead: u64,
+    parked: u64,
 }
 
 pub(crate) struct Applier<'a, H> {
@@ -51,6 +55,8 @@ pub(crate) struct Applier<'a, H> {
     pub subscription: &'a str,
     pub handler: &'a H,
     pub options: &'a Options,
+    /// `options.order`, else what the handler declares.
+    pub order: Order,
     pub metrics: &'a Metrics,
 }
 
@@ -95,7 +101,17 @@ impl<H: Handler> Applier<'_, H> {
         Metrics::add(&m.duplicates, c.duplicates);
         Metrics::add(&m.skipped, c.skipped);
         Metrics::add(&m.dead_lettered, c.dead);
+        Metrics::add(&m.parked, c.parked);
         Metrics::add(&m.batches, 1);
+    }
+
+    /// The batch's blocked keys, read after its partitions' locks; `None`
+    /// without per-key order (nothing is ever parked then).
+    async fn blocked(&self, tx: &mut Tx<'_>, batch: &[OwnedMessage]) -> Result<Option<Blocked>, StoreError> {
+        match self.order {
+            Order::None => Ok(None),
+            Order::PerKey => Ok(Some(Blocked::load(tx, self.subscription, batch).await?)),
+        }
     }
 
     async fn try_batch(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
@@ -103,32 +119,45 @@ impl<H: Handler> Applier<'_, H> {
         let mut seen = HashSet::new();
         let mut entries = Vec::new();
         let mut candidates = Vec::new();
+        let mut dead = Vec::new();
+        let mut tx = self.db.begin().await?;
+        advance_positions(&mut tx, self.subscription, batch).await?;
+        let mut blocked = self.blocked(&mut tx, batch).await?;
         for (msg, p) in batch.iter().zip(parsed) {
-            match p {
-                Parsed::Event(event) if seen.insert(&event.key) => {
+            // A type the handler skips is applied by nobody: no order to keep.
+            let verdict = match (&blocked, p) {
+                (Some(b), Parsed::Event(_) | Parsed::Poison(_)) => b.verdict(msg),
+                _ => Verdict::Free,
+            };
+            match (verdict, p) {
+                (Verdict::Kept, _) => counts.duplicates += 1,
+                (Verdict::Park, _) if parking::park(&mut tx, self.subscription, msg).await? => counts.parked += 1,
+                (Verdict::Park, _) => counts.duplicates += 1,
+                (Verdict::Free, Parsed::Event(event)) if seen.insert(&event.key) => {
                     entries.push(Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) });
                     candidates.push((msg, event));
                 }
                 // The same fact twice in one batch (e.g. both envelopes).
-                Parsed::Event(_) => counts.duplicates += 1,
-                Parsed::Skip => counts.skipped += 1,
-                Parsed::Poison(_) => {}
+                (Verdict::Free, Parsed::Event(_)) => counts.duplicates += 1,
+                (Verdict::Free, Parsed::Skip) => counts.skipped += 1,
+                (Verdict::Free, Parsed::Poison(reason)) => {
+                    let letter = letters::letter(self.subscription, msg, None, reason, 1);
+                    // A letter kept before (redelivery) blocks from the database already.
+                    if dead_letter::insert(&mut tx, &letter).await? {
+                        if let Some(b) = &mut blocked {
+                            b.block(msg);
+                        }
+                    }
+                    dead.push(letter);
+                }
             }
         }
-        let mut tx = self.db.begin().await?;
-        advance_positions(&mut tx, self.subscription, batch).await?;
         let first = inbox::claim_batch(&mut tx, self.subscription, &entries).await?;
         let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
         self.handler.apply(&mut tx, &new).await?;
-        for (msg, p) in batch.iter().zip(parsed) {
-            if let Parsed::Poison(reason) = p {
-                let letter = letters::letter(self.subscription, msg, None, reason, 1);
-                dead_letter::insert(&mut tx, &letter).await?;
-                letters::log_dead(&letter);
-                counts.dead += 1;
-            }
-        }
         tx.commit().await.map_err(StoreError::from)?;
+        dead.iter().for_each(letters::log_dead);
+        counts.dead = dead.len() as u64;
         counts.applied = new.len() as u64;
         counts.duplicates += (candidates.len() - new.len()) as u64;
         Ok(counts)
@@ -162,8 +191,9 @@ impl<H: Handler> Applier<'_, H> {
         let mut backoff = Backoff::new();
         loop {
             match self.try_single(msg, event).await {
-                Ok(true) => counts.applied += 1,
-                Ok(false) => counts.duplicates += 1,
+                Ok(Single::Applied) => counts.applied += 1,
+                Ok(Single::Duplicate) => counts.duplicates += 1,
+                Ok(Single::Parked) => counts.parked += 1,
                 Err(HandlerError::Retryable(reason)) => {
                     warn!(subscription = self.subscription, id = %event.key.id, %reason, "record failed, retryable; pausing");
                     Metrics::add(&self.metrics.retries, 1);
@@ -185,20 +215,31 @@ impl<H: Handler> Applier<'_, H> {
         }
     }
 
-    async fn try_single(&self, msg: &OwnedMessage, event: &DecodedEvent) -> Result<bool, HandlerError> {
+    async fn try_single(&self, msg: &OwnedMessage, event: &DecodedEvent) -> Result<Single, HandlerError> {
         let mut tx = self.db.begin().await?;
         advance_positions(&mut tx, self.subscription, std::slice::from_ref(msg)).await?;
-        let entry = Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) };
-        let first = !inbox::claim_batch(&mut tx, self.subscription, &[entry]).await?.is_empty();
-        if first {
-            self.handler.apply(&mut tx, &[record(msg, event)]).await?;
-        }
+        let verdict = self.blocked(&mut tx, std::slice::from_ref(msg)).await?.map_or(Verdict::Free, |b| b.verdict(msg));
+        let outcome = match verdict {
+            Verdict::Park if parking::park(&mut tx, self.subscription, msg).await? => Single::Parked,
+            Verdict::Park | Verdict::Kept => Single::Duplicate,
+            Verdict::Free => {
+                let entry = Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) };
+                if inbox::claim_batch(&mut tx, self.subscription, &[entry]).await?.is_empty() {
+                    Single::Duplicate
+                } else {
+                    self.handler.apply(&mut tx, &[record(msg, event)]).await?;
+                    Single::Applied
+                }
+            }
+        };
         tx.commit().await.map_err(StoreError::from)?;
-        Ok(first)
+        Ok(outcome)
     }
 
     /// Writes the dead letter, retrying until the database takes it: the
-    /// partition may move past a record only once the record is kept.
+    /// partition may move past a record only once the record is kept. With
+    /// per-key order, a record whose key is blocked meanwhile is parked
+    /// instead.
     async fn set_aside(
         &self,
         msg: &OwnedMessage,
@@ -210,12 +251,60 @@ impl<H: Handler> Applier<'_, H> {
     ) -> bool {
         let identity = event.map(|e| (&e.key, e.event_type.as_str()));
         let letter = letters::letter(self.subscription, msg, identity, reason, attempts);
-        let stored = letters::park(self.db, &letter, shutdown, || Metrics::add(&self.metrics.retries, 1)).await;
-        if stored {
-            counts.dead += 1;
+        if self.order == Order::None {
+            let stored = letters::keep(self.db, &letter, shutdown, || Metrics::add(&self.metrics.retries, 1)).await;
+            counts.dead += u64::from(stored);
+            return stored;
         }
-        stored
+        let mut backoff = Backoff::new();
+        loop {
+            match self.try_set_aside(msg, &letter).await {
+                Ok(Verdict::Free) => {
+                    letters::log_dead(&letter);
+                    counts.dead += 1;
+                    return true;
+                }
+                Ok(Verdict::Park) => {
+                    counts.parked += 1;
+                    return true;
+                }
+                Ok(Verdict::Kept) => return true,
+                Err(e) => {
+                    error!(subscription = self.subscription, error = %e, "cannot store dead letter; pausing");
+                    Metrics::add(&self.metrics.retries, 1);
+                    if !backoff.wait(shutdown).await {
+                        return false;
+                    }
+                }
+            }
+        }
     }
+
+    /// One transaction: the partition's lock, then the letter — or the
+    /// record parked, if its key is blocked. Returns what was done.
+    async fn try_set_aside(&self, msg: &OwnedMessage, letter: &NewDeadLetter<'_>) -> Result<Verdict, StoreError> {
+        let mut tx = self.db.begin().await?;
+        positions::lock_partition(&mut tx, self.subscription, msg.topic(), msg.partition()).await?;
+        let verdict = Blocked::load(&mut tx, self.subscription, std::slice::from_ref(msg)).await?.verdict(msg);
+        match verdict {
+            Verdict::Free => {
+                dead_letter::insert(&mut tx, letter).await?;
+            }
+            Verdict::Park => {
+                parking::park(&mut tx, self.subscription, msg).await?;
+            }
+            Verdict::Kept => {}
+        }
+        tx.commit().await?;
+        Ok(verdict)
+    }
+}
+
+/// What one record's own transaction did.
+enum Single {
+    Applied,
+    Duplicate,
+    Parked,
 }
 
 fn record<'a>(msg: &OwnedMessage, event: &'a DecodedEvent) -> Record<'a> {

@@ -5,7 +5,7 @@ use std::future::Future;
 use herald_envelope::DecodedEvent;
 use herald_store::Tx;
 
-use crate::HandlerError;
+use crate::{HandlerError, Order};
 
 /// One event to apply, with where it was read: generation-aware handlers
 /// (see [`crate::projection`]) decide by its offset which generations own it.
@@ -22,6 +22,13 @@ pub struct Record<'a> {
 pub trait Handler: Send + Sync {
     /// Event types this handler applies; others are skipped (and counted).
     fn handles(&self, event_type: &str) -> bool;
+
+    /// Whether it needs a key's events in offset order even past a dead
+    /// letter ([`Order::PerKey`]: later records of the key are parked behind
+    /// it). The subscription's default; `Options::order` overrides it.
+    fn order(&self) -> Order {
+        Order::None
+    }
 
     /// Applies a batch of records (of a lane's partitions, in offset order
     /// per partition); set-based SQL for throughput. An error rolls the

@@ -35,7 +35,7 @@ pub(crate) fn letter<'a>(
     }
 }
 
-fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
+pub(crate) fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
     msg.headers()
         .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
         .unwrap_or_default()
@@ -45,7 +45,7 @@ fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
 /// takes it: the partition may move past a record only once the record is
 /// kept. `on_retry` is told of every failed write (a subscription counts
 /// them). `false`: shutdown came first and nothing may be acknowledged.
-pub(crate) async fn park(db: &Db, letter: &NewDeadLetter<'_>, shutdown: &CancellationToken, on_retry: impl Fn()) -> bool {
+pub(crate) async fn keep(db: &Db, letter: &NewDeadLetter<'_>, shutdown: &CancellationToken, on_retry: impl Fn()) -> bool {
     let mut backoff = Backoff::new();
     loop {
         let stored = async {

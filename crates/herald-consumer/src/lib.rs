@@ -9,13 +9,17 @@
 //! - `batch` (private): one batch's transaction; permanent failures are
 //!   isolated record by record and dead-lettered after bounded retries;
 //!   retryable failures pause and retry, never dead-letter.
+//! - `parking` (private): per-key order ([`Order`]) past a dead letter —
+//!   a key's later records parked behind it, released by its redrive or
+//!   discard.
 //! - [`projection`]: read models in generations ([`Projection`]) and their
 //!   live source ([`Live`]), a [`Handler`] that writes each record to the
 //!   generations owning its offset.
 //! - [`replay`]: the other source — retained history into one generation,
 //!   up to its boundary (its write: `replay_write`).
 //! - [`redrive`]: dead letters back through the same inbox and handler, or
-//!   the same [`Processor`].
+//!   the same [`Processor`]; or discarded. Either releases the key's parked
+//!   records.
 //! - [`runtime`]: the one-record-at-a-time loop of non-inbox [`Processor`]s
 //!   (the export worker, whose dedup is the job's state); permanent failures
 //!   are dead-lettered like a subscription's, retryable ones pause.
@@ -38,12 +42,16 @@ pub mod subscription;
 mod batch;
 mod error;
 mod letters;
+mod order;
+mod parking;
 mod replay_write;
 
 pub use error::{HandlerError, ProcessError, ReplayError, RunError};
 pub use handler::{Handler, Record};
+pub use order::{Order, UnknownOrder};
+pub use parking::Released;
 pub use projection::{Fingerprint, Live, Projection};
 pub use metrics::{Metrics, Snapshot};
-pub use redrive::{Redriven, redrive, redrive_processor, redrive_with};
+pub use redrive::{Discarded, RedriveOutcome, Redriven, discard, redrive, redrive_processor, redrive_releasing, redrive_with};
 pub use runtime::{Processed, Processor, Subscription, run};
 pub use subscription::{AfterCommit, Options, run_subscription};

@@ -14,6 +14,8 @@ pub struct Metrics {
     pub skipped: AtomicU64,
     /// Records set aside in the dead-letter table.
     pub dead_lettered: AtomicU64,
+    /// Records parked behind a dead letter of their key (per-key order).
+    pub parked: AtomicU64,
     /// Transactions committed.
     pub batches: AtomicU64,
     /// Retries after retryable failures (the subscription paused).
@@ -29,6 +31,7 @@ pub struct Snapshot {
     pub duplicates: u64,
     pub skipped: u64,
     pub dead_lettered: u64,
+    pub parked: u64,
     pub batches: u64,
     pub retries: u64,
     pub assigned: u64,
@@ -46,6 +49,7 @@ impl Metrics {
             duplicates: get(&self.duplicates),
             skipped: get(&self.skipped),
             dead_lettered: get(&self.dead_lettered),
+            parked: get(&self.parked),
             batches: get(&self.batches),
             retries: get(&self.retries),
             assigned: get(&self.assigned),

@@ -16,7 +16,7 @@ use herald_store::{Db, StoreError, Tx, generations};
 use sqlx::PgConnection;
 
 use crate::handler::{Handler, Record};
-use crate::HandlerError;
+use crate::{HandlerError, Order};
 
 /// What a generation holds, to compare two generations read in one snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +39,10 @@ pub trait Projection: Send + Sync + 'static {
     /// Whether [`Projection::write_pg`] is implemented: a replay on
     /// PostgreSQL then writes through sqlx's native driver with array binds.
     const WRITES_PG: bool = false;
+    /// Whether its live subscription keeps per-key order past a dead letter
+    /// ([`Handler::order`]). A replay applies history in order and skips
+    /// what it cannot apply, so it does not park.
+    const ORDER: Order = Order::None;
 
     /// What it learns from one event, decoded once: on the replay's reader
     /// thread (the CPU work), or in the live batch.
@@ -94,6 +98,10 @@ impl<P: Projection> Live<P> {
 impl<P: Projection> Handler for Live<P> {
     fn handles(&self, event_type: &str) -> bool {
         P::handles(event_type)
+    }
+
+    fn order(&self) -> Order {
+        P::ORDER
     }
 
     async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {

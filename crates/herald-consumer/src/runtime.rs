@@ -141,5 +141,5 @@ async fn set_aside(subscription: &str, db: &Db, msg: &OwnedMessage, reason: &str
     let decoded = decode_record(msg).ok();
     let identity = decoded.as_ref().map(|e| (&e.key, e.event_type.as_str()));
     let letter = letters::letter(subscription, msg, identity, reason, attempts);
-    letters::park(db, &letter, shutdown, || {}).await
+    letters::keep(db, &letter, shutdown, || {}).await
 }

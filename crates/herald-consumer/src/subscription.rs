@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
 use crate::metrics::{Metrics, Snapshot};
-use crate::{Handler, RunError, Subscription};
+use crate::{Handler, Order, RunError, Subscription};
 
 /// Called with the batch number after a batch's transaction committed and
 /// before its offsets are stored: the window a crash test aims at.
@@ -47,6 +47,9 @@ pub struct Options {
     pub batches_per_poll: usize,
     /// Attempts of a record the handler rejects before it is dead-lettered.
     pub max_attempts: u32,
+    /// Per-key order past a dead letter; `None`: what the handler declares
+    /// ([`Handler::order`]).
+    pub order: Option<Order>,
     /// Fault-injection point; `None` in production.
     pub after_commit: Option<AfterCommit>,
     /// Writer schemas this subscription can decode; a record naming another
@@ -62,6 +65,7 @@ impl Default for Options {
             lanes: 2,
             batches_per_poll: 4,
             max_attempts: 3,
+            order: None,
             after_commit: None,
             registry: Registry::embedded(),
         }
@@ -76,6 +80,7 @@ impl std::fmt::Debug for Options {
             .field("lanes", &self.lanes)
             .field("batches_per_poll", &self.batches_per_poll)
             .field("max_attempts", &self.max_attempts)
+            .field("order", &self.order)
             .field("after_commit", &self.after_commit.is_some())
             .field("schemas", &self.registry.files().collect::<Vec<_>>())
             .finish()
@@ -101,8 +106,9 @@ pub async fn run_subscription<H: Handler>(
             .create_with_context(SubscriptionContext::new(&subscription.name, metrics.assigned.clone()))?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
-    info!(subscription = %subscription.name, group = %subscription.group, ?topics, "subscription started");
-    let applier = Applier { db, subscription: &subscription.name, handler, options, metrics };
+    let order = options.order.unwrap_or_else(|| handler.order());
+    info!(subscription = %subscription.name, group = %subscription.group, ?topics, %order, "subscription started");
+    let applier = Applier { db, subscription: &subscription.name, handler, options, order, metrics };
     let committed = AtomicU64::new(0);
     while let Some(records) = collect(&consumer, options, &shutdown).await {
         // Partitions are independent: their records are split into up to

@@ -68,6 +68,32 @@ pub struct SubscriptionFigures {
     pub dead_letters: i64,
     /// Dead letters already redriven.
     pub redriven: i64,
+    /// Records parked behind dead letters of their key (per-key order):
+    /// applied when the letter is redriven or discarded.
+    #[serde(default)]
+    pub parked_records: i64,
+    /// Keys those records belong to.
+    #[serde(default)]
+    pub parked_keys: i64,
+    /// The keys parked longest, at most [`crate::queries::PARKED_KEYS_SHOWN`].
+    #[serde(default)]
+    pub oldest_parked: Vec<ParkedKeyFigures>,
+}
+
+/// One parked key of a subscription.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ParkedKeyFigures {
+    pub topic: String,
+    pub partition: i32,
+    /// The Kafka record key: as text when it is printable, else `0x…`.
+    pub key: String,
+    pub records: i64,
+    /// Offset of its first parked record.
+    pub first_offset: i64,
+    /// How long its first record has been parked.
+    pub age_ms: i64,
+    /// The dead letter to redrive or discard (`herald dlq redrive|discard <id>`).
+    pub blocked_by: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

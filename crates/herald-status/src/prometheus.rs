@@ -85,7 +85,8 @@ fn record_status(s: &Status) {
             gauge!("herald_subscription_lag", "subscription" => name.clone()).set(lag as f64);
         }
         gauge!("herald_subscription_inbox_rows", "subscription" => name.clone()).set(sub.inbox_rows as f64);
-        gauge!("herald_subscription_dead_letters", "subscription" => name).set(sub.dead_letters as f64);
+        gauge!("herald_subscription_dead_letters", "subscription" => name.clone()).set(sub.dead_letters as f64);
+        gauge!("herald_subscription_parked_records", "subscription" => name).set(sub.parked_records as f64);
     }
     gauge!("herald_kafka_up").set(if s.kafka.is_some() { 1.0 } else { 0.0 });
     if let Some(kafka) = &s.kafka {

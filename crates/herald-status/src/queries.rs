@@ -8,14 +8,17 @@
 
 use std::collections::BTreeMap;
 
-use herald_store::{Backend, Db, StoreError};
+use herald_store::{Backend, Db, StoreError, parked};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::figures::{GenerationFigures, Jobs, Latency, Notifications, Outbox, RelayClaims, Status, SubscriptionFigures};
+use crate::figures::{GenerationFigures, Jobs, Latency, Notifications, Outbox, ParkedKeyFigures, RelayClaims, Status, SubscriptionFigures};
 
 /// Finished jobs the latency percentiles are taken over: the most recent.
 pub const LATENCY_SAMPLE: i64 = 10_000;
+
+/// Parked keys shown per subscription: the oldest.
+pub const PARKED_KEYS_SHOWN: i64 = 5;
 
 /// Every database figure, with ages measured from `now_ms`.
 pub async fn collect(db: &Db, subscriptions: &[&str], now_ms: i64) -> Result<Status, StoreError> {
@@ -27,7 +30,7 @@ pub async fn collect(db: &Db, subscriptions: &[&str], now_ms: i64) -> Result<Sta
         },
         outbox: outbox(db, now_ms).await?,
         relay: relay_claims(db).await?,
-        subscriptions: subscription_rows(db, subscriptions).await?,
+        subscriptions: subscription_rows(db, subscriptions, now_ms).await?,
         notifications: notifications(db).await?,
         jobs: jobs(db, now_ms).await?,
         generations: generations(db).await?,
@@ -84,26 +87,43 @@ pub async fn relay_claims(db: &Db) -> Result<RelayClaims, StoreError> {
     })
 }
 
-/// Inbox rows and dead letters of each named subscription (its own scope:
-/// a rebuild's `search@g<N>` scope is not the live subscription's).
-pub async fn subscription_rows(db: &Db, names: &[&str]) -> Result<Vec<SubscriptionFigures>, StoreError> {
+/// Inbox rows, dead letters and parked keys of each named subscription (its
+/// own scope: a rebuild's `search@g<N>` scope is not the live subscription's).
+pub async fn subscription_rows(db: &Db, names: &[&str], now_ms: i64) -> Result<Vec<SubscriptionFigures>, StoreError> {
     let inbox = counts(db, "SELECT subscription AS k, COUNT(*) AS n FROM inbox GROUP BY subscription").await?;
     let mut letters: BTreeMap<(String, String), i64> = BTreeMap::new();
     for r in rows(db, "SELECT subscription, status, COUNT(*) AS n FROM dead_letters GROUP BY subscription, status").await? {
         letters.insert((r.try_get("subscription")?, r.try_get("status")?), r.try_get("n")?);
     }
     let letter = |name: &str, status: &str| letters.get(&(name.to_owned(), status.to_owned())).copied().unwrap_or(0);
-    Ok(names
-        .iter()
-        .map(|&name| SubscriptionFigures {
+    let mut figures = Vec::with_capacity(names.len());
+    for &name in names {
+        let parked = parked::summary(db, name, PARKED_KEYS_SHOWN).await?;
+        figures.push(SubscriptionFigures {
             name: name.to_owned(),
             group: None,
             lag: None,
             inbox_rows: inbox.get(name).copied().unwrap_or(0),
             dead_letters: letter(name, herald_store::dead_letter::DEAD),
             redriven: letter(name, herald_store::dead_letter::REDRIVEN),
-        })
-        .collect())
+            parked_records: parked.records,
+            parked_keys: parked.keys,
+            oldest_parked: parked
+                .oldest
+                .into_iter()
+                .map(|k| ParkedKeyFigures {
+                    key: parked::display_key(&k.record_key),
+                    topic: k.topic,
+                    partition: k.partition,
+                    records: k.records,
+                    first_offset: k.first_offset,
+                    age_ms: (now_ms - k.since_ms).max(0),
+                    blocked_by: k.blocked_by,
+                })
+                .collect(),
+        });
+    }
+    Ok(figures)
 }
 
 pub async fn notifications(db: &Db) -> Result<Notifications, StoreError> {

@@ -23,6 +23,28 @@ fn opt_duration(ms: Option<i64>) -> String {
     ms.map_or_else(|| "-".into(), duration)
 }
 
+/// Each subscription's parked keys, oldest first: what waits on which letter.
+fn parked_keys(out: &mut String, s: &Status) {
+    for sub in s.subscriptions.iter().filter(|sub| sub.parked_keys > 0) {
+        let _ = writeln!(
+            out,
+            "  !! {}: {} key(s) parked ({} records) behind dead letters: herald dlq redrive|discard <id>",
+            sub.name, sub.parked_keys, sub.parked_records
+        );
+        for k in &sub.oldest_parked {
+            let letter = k.blocked_by.map_or_else(|| "no dead letter".to_owned(), |id| format!("dead letter {id}"));
+            let _ = writeln!(
+                out,
+                "     key {} ({}/{} from @{}): {} record(s), parked {}, behind {letter}",
+                k.key, k.topic, k.partition, k.first_offset, k.records, duration(k.age_ms)
+            );
+        }
+        if sub.parked_keys > sub.oldest_parked.len() as i64 {
+            let _ = writeln!(out, "     … and {} more key(s)", sub.parked_keys - sub.oldest_parked.len() as i64);
+        }
+    }
+}
+
 /// The whole status as a table. Every `writeln!` goes to a `String`, which
 /// cannot fail, so the results are ignored.
 pub fn render(s: &Status) -> String {
@@ -42,13 +64,18 @@ pub fn render(s: &Status) -> String {
         let _ = writeln!(out, "  {owner:<40} {n:>3} slices");
     }
     let _ = writeln!(out, "\nSUBSCRIPTIONS");
-    let _ = writeln!(out, "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9}", "name", "group", "lag", "inbox", "dead letters", "redriven");
+    let _ = writeln!(out, "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9} {:>7}", "name", "group", "lag", "inbox", "dead letters", "redriven", "parked");
     for sub in &s.subscriptions {
         let lag = sub.lag.map_or_else(|| "?".into(), |l| l.to_string());
         let group = sub.group.as_deref().unwrap_or("-");
         let flag = if sub.dead_letters > 0 { "  !!" } else { "" };
-        let _ = writeln!(out, "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9}{flag}", sub.name, group, lag, sub.inbox_rows, sub.dead_letters, sub.redriven);
+        let _ = writeln!(
+            out,
+            "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9} {:>7}{flag}",
+            sub.name, group, lag, sub.inbox_rows, sub.dead_letters, sub.redriven, sub.parked_records
+        );
     }
+    parked_keys(&mut out, s);
     if let Some(e) = &s.kafka_error {
         let _ = writeln!(out, "  lag unknown: {e}");
     }

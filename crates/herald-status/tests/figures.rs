@@ -69,6 +69,26 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
         .execute(db.pool())
         .await?;
     }
+    // Parked behind stats' letter at offset 4 of key k1 (its id is 5): three
+    // records of k1, parked 10 s ago; one of a binary key with no letter, 2 s ago.
+    sqlx::query(
+        "INSERT INTO dead_letters (subscription, topic, kafka_partition, kafka_offset, record_key, headers, error, attempts, status, created_at_ms, updated_at_ms) \
+         VALUES ('stats', 't', 1, 4, $1, '[]', 'bad', 1, 'dead', 0, 0)",
+    )
+    .bind(b"k1".to_vec())
+    .execute(db.pool())
+    .await?;
+    for (offset, key, age) in [(5, &b"k1"[..], 10_000), (6, b"k1", 9_000), (7, b"k1", 8_000), (9, &[0, 255], 2_000)] {
+        sqlx::query(
+            "INSERT INTO parked_records (subscription, topic, kafka_partition, kafka_offset, record_key, headers, parked_at_ms) \
+             VALUES ('stats', 't', 1, $1, $2, '[]', $3)",
+        )
+        .bind(offset as i64)
+        .bind(key.to_vec())
+        .bind(NOW - age)
+        .execute(db.pool())
+        .await?;
+    }
     for (i, status) in ["sent", "sent", "unknown", "pending"].iter().enumerate() {
         sqlx::query(
             "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, status, created_at_ms, updated_at_ms) \
@@ -124,7 +144,12 @@ async fn figures_match_the_rows(test_db: TestDb) -> anyhow::Result<()> {
     assert_eq!(r.by_owner, [("relay-a".to_owned(), 3), ("relay-b".to_owned(), 1)].into());
 
     let subs: Vec<(&str, i64, i64, i64)> = s.subscriptions.iter().map(|x| (x.name.as_str(), x.inbox_rows, x.dead_letters, x.redriven)).collect();
-    assert_eq!(subs, [("search", 2, 1, 1), ("stats", 1, 0, 0), ("notify", 0, 2, 0)]);
+    assert_eq!(subs, [("search", 2, 1, 1), ("stats", 1, 1, 0), ("notify", 0, 2, 0)]);
+    let parked: Vec<(i64, i64)> = s.subscriptions.iter().map(|x| (x.parked_keys, x.parked_records)).collect();
+    assert_eq!(parked, [(0, 0), (2, 4), (0, 0)]);
+    let oldest: Vec<(&str, i64, i64, i64, Option<i64>)> =
+        s.subscriptions[1].oldest_parked.iter().map(|k| (k.key.as_str(), k.records, k.first_offset, k.age_ms, k.blocked_by)).collect();
+    assert_eq!(oldest, [("k1", 3, 5, 10_000, Some(5)), ("0x00ff", 1, 9, 2_000, None)], "oldest first");
     assert!(s.subscriptions.iter().all(|x| x.lag.is_none()), "no broker asked");
 
     assert_eq!(s.notifications.unknown, 1);

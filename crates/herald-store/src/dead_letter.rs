@@ -12,6 +12,8 @@ use crate::{Db, StoreError, Tx, now_ms};
 pub const DEAD: &str = "dead";
 /// Applied (or found already applied) by a redrive.
 pub const REDRIVEN: &str = "redriven";
+/// Given up on by an operator (`herald dlq discard`): never applied.
+pub const DISCARDED: &str = "discarded";
 
 /// A record to set aside.
 #[derive(Debug, Clone)]
@@ -118,6 +120,21 @@ pub async fn mark_redriven(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError>
     Ok(done.rows_affected() == 1)
 }
 
+/// Marks a dead letter discarded, an operator's act recorded like a redrive
+/// (status, one more attempt, when). `false`: it is no longer dead.
+pub async fn mark_discarded(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4",
+    )
+    .bind(DISCARDED)
+    .bind(now_ms())
+    .bind(id)
+    .bind(DEAD)
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Records a redrive that failed again; the letter stays dead.
 pub async fn record_failed_redrive(db: &Db, id: i64, error: &str) -> Result<(), StoreError> {
     sqlx::query("UPDATE dead_letters SET attempts = attempts + 1, error = $1, updated_at_ms = $2 WHERE id = $3 AND status = $4")
@@ -164,7 +181,7 @@ fn row_to_letter(row: &AnyRow) -> Result<DeadLetter, StoreError> {
 
 /// Header values are bytes, not text: hex keeps them exact in a TEXT column
 /// that both backends and a human with `psql` can read.
-fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
+pub(crate) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
     let array: Vec<serde_json::Value> = headers
         .iter()
         .map(|(k, v)| serde_json::json!([k, v.as_deref().map(hex)]))
@@ -175,7 +192,7 @@ fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
 /// Record headers as stored: name and raw value, if any.
 type Headers = Vec<(String, Option<Vec<u8>>)>;
 
-fn decode_headers(text: &str) -> Result<Headers, StoreError> {
+pub(crate) fn decode_headers(text: &str) -> Result<Headers, StoreError> {
     let bad = |why: &str| StoreError::Config(format!("dead_letters.headers is not the expected JSON: {why}"));
     let parsed: Vec<(String, Option<String>)> = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
     parsed
@@ -184,7 +201,7 @@ fn decode_headers(text: &str) -> Result<Headers, StoreError> {
         .collect()
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

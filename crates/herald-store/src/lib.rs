@@ -14,6 +14,7 @@ mod db;
 mod error;
 pub mod inbox;
 pub mod outbox;
+pub mod parked;
 pub mod positions;
 pub mod relay;
 pub mod start_positions;

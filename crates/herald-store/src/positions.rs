@@ -33,6 +33,15 @@ pub async fn advance(tx: &mut Tx<'_>, subscription: &str, topic: &str, next: &BT
     Ok(())
 }
 
+/// Locks one partition's position row until `tx` ends, moving nothing: the
+/// lock every batch takes first, taken by a dead letter's redrive or
+/// discard so that it and a batch parking records of the same key
+/// serialise (`crate::parked`).
+pub async fn lock_partition(tx: &mut Tx<'_>, subscription: &str, topic: &str, partition: i32) -> Result<(), StoreError> {
+    // A zero never moves a position back, and creates the row to lock.
+    advance(tx, subscription, topic, &BTreeMap::from([(partition, 0)])).await
+}
+
 /// Reads `subscription`'s positions in `topic` for `partitions` and holds
 /// them until `tx` ends: no batch of the subscription can commit on those
 /// partitions meanwhile. A partition never applied reads 0.

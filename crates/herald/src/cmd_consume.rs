@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use herald_consumer::{AfterCommit, Metrics, Options};
+use herald_consumer::{AfterCommit, Metrics, Options, Order};
 use herald_kafka::Topics;
 use herald_store::Db;
 use serde_json::json;
@@ -33,6 +33,13 @@ pub struct ConsumeArgs {
     /// such a start is refused (exit 2) rather than notifying old events.
     #[arg(long, value_parser = crate::notify_start::parse_start_at)]
     pub start_at: Option<crate::notify_start::StartAt>,
+    /// After a record is dead-lettered, what becomes of its key's later
+    /// records: `per-key` parks them behind it, in order, until it is
+    /// redriven or discarded (`herald dlq`); `none` applies them as they
+    /// come. Default: what the subscription's handler declares (`none` for
+    /// search, stats and notify, which do not depend on a key's order).
+    #[arg(long)]
+    pub order: Option<Order>,
     /// Fault injection for crash tests: `pause-after-commit:N` stops forever
     /// after the N-th batch committed and before its offsets are stored.
     #[arg(long, env = "HERALD_FAULT", hide = true, value_parser = parse_fault)]
@@ -81,6 +88,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     };
     let options = Options {
         max_batch: args.max_batch as usize,
+        order: args.order,
         after_commit: args.fault.map(pause_after_commit),
         ..Options::default()
     };
@@ -110,7 +118,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     println!(
         "{}",
         json!({"subscription": sub.name, "group": sub.group, "applied": s.applied, "duplicates": s.duplicates,
-            "skipped": s.skipped, "dead_lettered": s.dead_lettered, "batches": s.batches, "retries": s.retries})
+            "skipped": s.skipped, "dead_lettered": s.dead_lettered, "parked": s.parked, "batches": s.batches, "retries": s.retries})
     );
     Ok(ExitCode::SUCCESS)
 }

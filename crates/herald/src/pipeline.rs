@@ -246,10 +246,11 @@ fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayStats>) {
 
 /// A subscription's counters in this process, labelled with its name.
 fn publish_subscription_counters(monitor: &Monitor, name: &str, metrics: &Arc<Metrics>) {
-    let counters: [(&'static str, Field<Metrics>); 5] = [
+    let counters: [(&'static str, Field<Metrics>); 6] = [
         ("herald_consumer_events_applied_total", |m| &m.applied),
         ("herald_consumer_duplicates_total", |m| &m.duplicates),
         ("herald_consumer_dead_lettered_total", |m| &m.dead_lettered),
+        ("herald_consumer_parked_total", |m| &m.parked),
         ("herald_consumer_batches_total", |m| &m.batches),
         ("herald_consumer_retries_total", |m| &m.retries),
     ];

@@ -1,13 +1,15 @@
 //! The subscriptions of `export.events`, by name: what `herald serve` runs,
 //! what `herald consume <subscription>` runs alone, and what `herald dlq
-//! redrive` hands a dead letter back to.
+//! redrive|discard` hands a dead letter (and the records parked behind it)
+//! back to.
 
 use clap::ValueEnum;
-use herald_consumer::{Handler, Live, Metrics, Options, Projection, Redriven, Snapshot, Subscription};
+use herald_consumer::{Discarded, Handler, HandlerError, Live, Metrics, Options, Order, Projection, Record, RedriveOutcome, Snapshot, Subscription};
+use herald_envelope::Registry;
 use herald_notify::intents::{self, NotifyHandler};
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
-use herald_store::Db;
+use herald_store::{Db, Tx};
 use herald_store::dead_letter::DeadLetter;
 use tokio_util::sync::CancellationToken;
 
@@ -106,15 +108,61 @@ async fn record_live_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Redrives `letter` through its subscription's handler.
-pub async fn redrive(db: &Db, letter: &DeadLetter) -> anyhow::Result<Redriven> {
-    async fn with<H: Handler>(db: &Db, h: &H, l: &DeadLetter) -> anyhow::Result<Redriven> {
-        Ok(herald_consumer::redrive(db, h, l).await?)
+/// The handler of a subscription named at run time (a dead letter's).
+pub enum NamedHandler {
+    Search(Live<Search>),
+    Stats(Live<Stats>),
+    Notify(NotifyHandler),
+}
+
+impl NamedHandler {
+    /// The handler `letter`'s subscription runs, on the letter's topic.
+    pub fn of(letter: &DeadLetter) -> anyhow::Result<NamedHandler> {
+        Ok(match Name::parse(&letter.subscription) {
+            Some(Name::Search) => NamedHandler::Search(Live::new(Search, &letter.topic)),
+            Some(Name::Stats) => NamedHandler::Stats(Live::new(Stats, &letter.topic)),
+            Some(Name::Notify) => NamedHandler::Notify(NotifyHandler),
+            None => anyhow::bail!("dead letter {} belongs to unknown subscription `{}`", letter.id, letter.subscription),
+        })
     }
-    match Name::parse(&letter.subscription) {
-        Some(Name::Search) => with(db, &Live::new(Search, &letter.topic), letter).await,
-        Some(Name::Stats) => with(db, &Live::new(Stats, &letter.topic), letter).await,
-        Some(Name::Notify) => with(db, &NotifyHandler, letter).await,
-        None => anyhow::bail!("dead letter {} belongs to unknown subscription `{}`", letter.id, letter.subscription),
+}
+
+impl Handler for NamedHandler {
+    fn handles(&self, event_type: &str) -> bool {
+        match self {
+            NamedHandler::Search(h) => h.handles(event_type),
+            NamedHandler::Stats(h) => h.handles(event_type),
+            NamedHandler::Notify(h) => h.handles(event_type),
+        }
     }
+
+    fn order(&self) -> Order {
+        match self {
+            NamedHandler::Search(h) => h.order(),
+            NamedHandler::Stats(h) => h.order(),
+            NamedHandler::Notify(h) => h.order(),
+        }
+    }
+
+    async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
+        match self {
+            NamedHandler::Search(h) => h.apply(tx, records).await,
+            NamedHandler::Stats(h) => h.apply(tx, records).await,
+            NamedHandler::Notify(h) => h.apply(tx, records).await,
+        }
+    }
+}
+
+/// Redrives `letter` through its subscription's handler, releasing the
+/// records parked behind it.
+pub async fn redrive(db: &Db, letter: &DeadLetter) -> anyhow::Result<RedriveOutcome> {
+    let handler = NamedHandler::of(letter)?;
+    Ok(herald_consumer::redrive_releasing(db, &handler, &Registry::embedded(), letter).await?)
+}
+
+/// Discards `letter`, releasing the records parked behind it through its
+/// subscription's handler.
+pub async fn discard(db: &Db, letter: &DeadLetter) -> anyhow::Result<Discarded> {
+    let handler = NamedHandler::of(letter)?;
+    Ok(herald_consumer::discard(db, &handler, &Registry::embedded(), letter).await?)
 }

@@ -1,6 +1,9 @@
 //! Dead letters: a record a subscription set aside is either still parked —
 //! holding its record, applied from nowhere — or was redriven once, its fact
-//! applied exactly once in the subscription's inbox.
+//! applied exactly once in the subscription's inbox, or was discarded by an
+//! operator and, like a parked one, applied from nowhere. ("Parked" here is
+//! a letter still `dead`; the records parked *behind* a letter under
+//! per-key order live in `parked_records` and are not dead letters.)
 
 use std::collections::HashMap;
 
@@ -9,11 +12,12 @@ use crate::model::{COMPLETION_SUBSCRIPTIONS, DeadLetter, InboxRow};
 use crate::report::{CheckReport, Violation};
 
 pub const DEAD_LETTERS_SETTLED: &str = "dead_letters_settled";
-const INVARIANT: &str = "12: each dead letter still parked, or redriven and applied once";
+const INVARIANT: &str = "12: each dead letter still parked, or redriven and applied once, or discarded and never applied";
 
 /// Letter states (`herald_store::dead_letter`).
 const DEAD: &str = "dead";
 const REDRIVEN: &str = "redriven";
+const DISCARDED: &str = "discarded";
 
 /// Where a record was read: (subscription, topic, partition, offset).
 type Position<'a> = (&'a str, &'a str, i32, i64);
@@ -24,19 +28,20 @@ type Position<'a> = (&'a str, &'a str, i32, i64);
 /// (a redrive that did not mark it, or a mark undone). Every redriven letter
 /// with an identity has exactly one inbox row for its fact.
 pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> CheckReport {
-    let parked: HashMap<Position<'_>, i64> = letters
+    let unapplied: HashMap<Position<'_>, (i64, &str)> = letters
         .iter()
-        .filter(|l| l.status == DEAD)
-        .map(|l| ((l.subscription.as_str(), l.topic.as_str(), l.partition, l.offset), l.id))
+        .filter(|l| l.status == DEAD || l.status == DISCARDED)
+        .map(|l| ((l.subscription.as_str(), l.topic.as_str(), l.partition, l.offset), (l.id, l.status.as_str())))
         .collect();
     let mut facts: HashMap<(&str, &str, &str), usize> = HashMap::new();
     let mut violations = Vec::new();
     for row in inbox {
         *facts.entry((row.subscription.as_str(), canonical(&row.source), row.event_id.as_str())).or_default() += 1;
-        if let Some(id) = parked.get(&(row.subscription.as_str(), row.topic.as_str(), row.partition, row.offset)) {
+        if let Some((id, status)) = unapplied.get(&(row.subscription.as_str(), row.topic.as_str(), row.partition, row.offset)) {
+            let (kind, state) = if *status == DEAD { ("parked_but_applied", "parked") } else { ("discarded_but_applied", "discarded") };
             violations.push(Violation::new(
-                "parked_but_applied",
-                format!("dead letter {id} ({}) is parked, yet {} {} was applied from its record {}/{}@{}", row.subscription, row.source, row.event_id, row.topic, row.partition, row.offset),
+                kind,
+                format!("dead letter {id} ({}) is {state}, yet {} {} was applied from its record {}/{}@{}", row.subscription, row.source, row.event_id, row.topic, row.partition, row.offset),
             ));
         }
     }
@@ -46,7 +51,7 @@ pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> Check
                 "parked_without_record",
                 format!("dead letter {} ({}) keeps neither value nor headers: nothing left to redrive", letter.id, letter.subscription),
             )),
-            DEAD => {}
+            DEAD | DISCARDED => {}
             REDRIVEN => violations.extend(redriven_once(letter, &facts)),
             other => violations.push(Violation::new("unknown_letter_status", format!("dead letter {} ({}) is `{other}`", letter.id, letter.subscription))),
         }
@@ -114,6 +119,14 @@ mod tests {
         assert!(report.violations[0].detail.starts_with("dead letter 2 (search) is parked"), "{:?}", report.violations);
         // The same fact applied from another record (another envelope) is not the letter's doing.
         assert!(dead_letters_settled(&letters, &[applied("/herald/exports", "e6", 9)]).violations.is_empty());
+    }
+
+    #[test]
+    fn a_discarded_letter_is_settled_unless_applied_from_its_position() {
+        let letters = [letter(2, 6, DISCARDED, Some("e6"))];
+        assert!(dead_letters_settled(&letters, &[]).violations.is_empty());
+        let report = dead_letters_settled(&letters, &[applied("/herald/exports", "e6", 6)]);
+        assert_eq!(report.count("discarded_but_applied"), 1, "{:?}", report.violations);
     }
 
     #[test]
