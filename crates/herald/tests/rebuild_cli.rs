@@ -103,6 +103,11 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     assert_eq!(one, two, "the rebuilt counters equal the live ones");
     let scope_rows: i64 = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'stats@g2'").fetch_one(db.pool()).await?.try_get("n")?;
     assert_eq!(scope_rows, EXPORTS, "each completion once in the stats replay's own dedup scope");
+    let rollback = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["rollback", "stats"])).output().await?;
+    assert!(String::from_utf8_lossy(&rollback.stdout).contains("stats: reads rolled back to generation 1"), "{rollback:?}");
+    assert_eq!(herald_rebuild::generations::active(&db, "stats").await?, 1);
+    let forth = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["switch", "stats"])).output().await?;
+    assert_eq!(forth.status.code(), Some(2), "the rollback left generation 2 retired, not ready: nothing to switch to");
 
     // Manual switch and status, as an operator would.
     let switch = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["switch", "search"])).output().await?;

@@ -43,9 +43,11 @@ impl NotifyCounts {
         vec![
             Check::new("one notification intent per completion", self.notification_intents == n, format!("{} (want {n})", self.notification_intents)),
             Check::new("every intent sent with a receipt", self.notifications_sent == n, format!("{} of {}", self.notifications_sent, self.notification_intents)),
+            // At least the lost ACK's retry; a slow machine may time out a
+            // call or two more, each replayed under its key just the same.
             Check::new(
                 "lost ACK retried with the same key, replayed",
-                self.provider_requests == self.provider_effects + 1,
+                self.provider_requests > self.provider_effects,
                 format!("{} requests for {} effects", self.provider_requests, self.provider_effects),
             ),
             Check::new(
