@@ -47,9 +47,7 @@ async fn completion_record_is_a_binary_mode_cloudevent_with_avro_data() -> anyho
     assert_eq!(headers["content-type"], "application/avro");
     assert_eq!(msg.key(), Some(job_id.as_bytes()), "record key is the partition key (the subject)");
 
-    let file = headers["ce_dataschema"]
-        .strip_prefix("herald:schemas/")
-        .expect("dataschema names a file under schemas/");
+    let file = headers["ce_dataschema"].strip_prefix("herald:schemas/").expect("dataschema names a file under schemas/");
     let text = std::fs::read_to_string(format!("{}/../schemas/{file}", env!("CARGO_MANIFEST_DIR")))?;
     let schema = Schema::parse_str(&text)?;
     let mut payload = msg.payload().expect("payload");

@@ -125,7 +125,8 @@ async fn dashboard_shows_the_figures(database: Database, broker: Broker) -> anyh
     ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}` in /metrics:\n{metrics}");
     }
-    let delivered = metrics.lines().find_map(|l| l.strip_prefix("herald_relay_rows_delivered_total ")).and_then(|n| n.parse::<usize>().ok());
+    let delivered =
+        metrics.lines().find_map(|l| l.strip_prefix("herald_relay_rows_delivered_total ")).and_then(|n| n.parse::<usize>().ok());
     assert!(delivered.is_some_and(|n| n >= 2 * EXPORTS), "a command and a completion per job: {delivered:?}");
 
     // The page, as a browser shows it.

@@ -67,7 +67,11 @@ async fn delete_then_late_completed_then_rebuild(database: Database) -> anyhow::
     assert_eq!(status, 204, "deleting again is harmless");
     let (status, _, _) = delete(&stack, ALICE, other).await?;
     assert_eq!(status, 204);
-    assert_eq!(stack.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.deleted'").await?, 2, "one event per deleted job, none for the repeat");
+    assert_eq!(
+        stack.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.deleted'").await?,
+        2,
+        "one event per deleted job, none for the repeat"
+    );
 
     // GET of a deleted job (and of its result) answers 410 Gone to its owner.
     let (status, problem) = stack.get(ALICE, &format!("/v1/exports/{victim}")).await?;
@@ -165,7 +169,9 @@ async fn delete_rules(database: Database) -> anyhow::Result<()> {
     let deleted_events = "SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.deleted'";
     assert_eq!(common::count(&db, deleted_events).await?, 0, "a refused delete writes nothing");
 
-    let Deletion::Deleted(job) = deletion::delete(&db, &intake.topics, "alice", &pending.job_id).await? else { panic!("pending jobs can be deleted") };
+    let Deletion::Deleted(job) = deletion::delete(&db, &intake.topics, "alice", &pending.job_id).await? else {
+        panic!("pending jobs can be deleted")
+    };
     assert_eq!((job.status.as_str(), job.version), ("deleted", pending.version + 1));
     assert_eq!(common::count(&db, deleted_events).await?, 1);
     assert!(attempts::start(&db, &pending.job_id, "w1", &policy, now_ms()).await?.is_none(), "a deleted job never starts");

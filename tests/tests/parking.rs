@@ -62,7 +62,10 @@ impl Handler for Ordered {
             // The defect fails a statement, as a real one would: on PostgreSQL
             // that aborts the transaction, which a release must roll back
             // to its savepoint to go on.
-            let failed = sqlx::query("INSERT INTO applied_log (n, event_id, kafka_offset) VALUES (NULL, $1, 0)").bind(&bad.event.key.id).execute(&mut **tx).await;
+            let failed = sqlx::query("INSERT INTO applied_log (n, event_id, kafka_offset) VALUES (NULL, $1, 0)")
+                .bind(&bad.event.key.id)
+                .execute(&mut **tx)
+                .await;
             let why = failed.err().map_or_else(|| "no error".to_owned(), |e| e.to_string());
             return Err(HandlerError::Reject(format!("event {} refused by defect: {why}", bad.event.key.id)));
         }
@@ -90,7 +93,9 @@ struct Bed {
 async fn bed(database: Database) -> anyhow::Result<Bed> {
     let test_db = common::test_db(database).await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
-    sqlx::query("CREATE TABLE applied_log (n BIGINT NOT NULL, event_id TEXT NOT NULL, kafka_offset BIGINT NOT NULL)").execute(db.pool()).await?;
+    sqlx::query("CREATE TABLE applied_log (n BIGINT NOT NULL, event_id TEXT NOT NULL, kafka_offset BIGINT NOT NULL)")
+        .execute(db.pool())
+        .await?;
     let topics = Topics::with_prefix(&herald_testkit::unique("t"));
     let kafka = EmbeddedKafka::start(1, &topics.all(), 4)?;
     let (group_prefix, run) = (herald_testkit::unique("herald"), herald_testkit::unique("run"));
@@ -131,7 +136,8 @@ impl Bed {
 
     /// `n` events from number `from`, all of record key `key`.
     fn events(&self, from: usize, n: usize, key: &str) -> anyhow::Result<Vec<OutboxEvent>> {
-        let mut events: Vec<OutboxEvent> = workload::completions(&self.topics.events, &self.run, from + n)?.into_iter().skip(from).collect();
+        let mut events: Vec<OutboxEvent> =
+            workload::completions(&self.topics.events, &self.run, from + n)?.into_iter().skip(from).collect();
         for e in &mut events {
             e.partition_key = key.to_owned();
         }
@@ -163,13 +169,19 @@ impl Bed {
 
     /// The poison parked its key behind it: the other keys applied, the
     /// key's records parked (none applied), and status names the key.
-    async fn park_behind_poison(&self, handler: &Ordered, key_events: &[OutboxEvent], others: &[OutboxEvent]) -> anyhow::Result<(Running, DeadLetter)> {
+    async fn park_behind_poison(
+        &self,
+        handler: &Ordered,
+        key_events: &[OutboxEvent],
+        others: &[OutboxEvent],
+    ) -> anyhow::Result<(Running, DeadLetter)> {
         // Poison, a record of another key, two of the poisoned key; the third after the subscription has parked those.
         self.publish(&key_events[..1]).await?;
         self.publish(&others[..3]).await?;
         self.publish(&key_events[1..3]).await?;
         let running = self.start(handler, None);
-        eventually("the letter and two parked records", || async { Ok(self.letters().await?.len() == 1 && self.parked().await? == 2) }).await?;
+        eventually("the letter and two parked records", || async { Ok(self.letters().await?.len() == 1 && self.parked().await? == 2) })
+            .await?;
         self.publish(&others[3..]).await?;
         self.publish(&key_events[3..]).await?;
         let want: HashSet<String> = others.iter().map(|e| e.id.clone()).collect();

@@ -52,7 +52,10 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     tokio::spawn(sim::serve(listener, ledger, SimConfig::keyed(Duration::from_secs(3600)), FaultSwitches::default(), sim_stop.clone()));
     let dispatch = Dispatch {
         client: ProviderClient::new(&provider, Duration::from_secs(5))?,
-        config: DispatcherConfig { idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) },
+        config: DispatcherConfig {
+            idle_wait: Duration::from_millis(20),
+            ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
+        },
         hook: AfterResponseHook::default(),
     };
     let dispatcher = pipeline::start_roles(
@@ -63,7 +66,8 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     .await?;
 
     for i in 0..20 {
-        let (status, _, _) = stack.post_export(ALICE, Some(&format!("before-{i}")), &export_body("csv", &format!("rebuild before {i}"))).await?;
+        let (status, _, _) =
+            stack.post_export(ALICE, Some(&format!("before-{i}")), &export_body("csv", &format!("rebuild before {i}"))).await?;
         assert_eq!(status, 202);
     }
     stack.wait_for_hits(ALICE, "rebuild", 20).await?;
@@ -88,7 +92,8 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
         tokio::spawn(async move {
             let (mut reads, mut generations_seen) = (0, std::collections::BTreeSet::new());
             while !stop.load(Ordering::SeqCst) {
-                let answer: Value = http.get(format!("{base}/v1/search?q=rebuild%20before")).bearer_auth(ALICE).send().await?.json().await?;
+                let answer: Value =
+                    http.get(format!("{base}/v1/search?q=rebuild%20before")).bearer_auth(ALICE).send().await?.json().await?;
                 let hits = answer["hits"].as_array().map_or(0, Vec::len);
                 anyhow::ensure!(hits == 20, "a read during the rebuild saw {hits} of the 20 earlier exports: {answer}");
                 generations_seen.insert(answer["generation"].as_i64().unwrap_or(-1));

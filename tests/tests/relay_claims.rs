@@ -102,7 +102,10 @@ async fn relays_share_the_slices_and_give_them_back_when_they_stop() -> anyhow::
     let b = bench(true).await?;
     // Long leases, frequent rebalancing: a slice that changes hands before
     // its lease could run out was handed over, not abandoned.
-    let fast = |owner: &str| relay_support::RelayConfig { renew_every: Duration::from_millis(300), ..config(owner).with_lease(Duration::from_secs(20)) };
+    let fast = |owner: &str| relay_support::RelayConfig {
+        renew_every: Duration::from_millis(300),
+        ..config(owner).with_lease(Duration::from_secs(20))
+    };
     let a = b.start(fast("relay-a"))?;
     wait_until("A holds every slice", || async { Ok(stat(&a.stats.claims) == 16) }).await?;
     // A second relay joins: A gives back its surplus and B takes it.
@@ -112,15 +115,15 @@ async fn relays_share_the_slices_and_give_them_back_when_they_stop() -> anyhow::
         Ok(by_owner.get("relay-a") == Some(&8) && by_owner.get("relay-b") == Some(&8))
     })
     .await?;
-    let b_leases: Vec<(i32, i64)> = sqlx::query_as("SELECT slice, claim_expires_at_ms FROM relay_slices WHERE claim_owner = 'relay-b'")
-        .fetch_all(b.db.pool())
-        .await?;
+    let b_leases: Vec<(i32, i64)> =
+        sqlx::query_as("SELECT slice, claim_expires_at_ms FROM relay_slices WHERE claim_owner = 'relay-b'").fetch_all(b.db.pool()).await?;
     // B stops cleanly: it releases its claims and leaves the membership, so
     // A takes everything back long before B's leases would have run out.
     second.stop().await?;
     wait_until("A holds every slice again", || async { Ok(owners(&b.db).await?.get("relay-a") == Some(&16)) }).await?;
     for (slice, b_expiry) in b_leases {
-        let (claimed_at,): (i64,) = sqlx::query_as("SELECT claimed_at_ms FROM relay_slices WHERE slice = $1").bind(slice).fetch_one(b.db.pool()).await?;
+        let (claimed_at,): (i64,) =
+            sqlx::query_as("SELECT claimed_at_ms FROM relay_slices WHERE slice = $1").bind(slice).fetch_one(b.db.pool()).await?;
         assert!(claimed_at < b_expiry, "slice {slice} was released by B, not taken after its lease expired");
     }
     a.stop().await?;

@@ -16,10 +16,10 @@ use common::{Broker, Database};
 use herald::bench::workload;
 use herald::subscriptions::{self, Name};
 use herald_consumer::{Handler, HandlerError, Metrics, Options, Redriven, Snapshot};
+use herald_consumer::{Live, Record};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, Topics};
 use herald_notify::intents;
-use herald_consumer::{Live, Record};
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
 use herald_store::{Backend, Db, Tx, dead_letter, inbox};
@@ -380,10 +380,7 @@ async fn poison_is_set_aside_and_redriven_once(database: Database, broker: Broke
 
     let r = bed.start(Name::Search);
     wait_inbox(&bed, Name::Search, 10).await?;
-    eventually("two dead letters", || async {
-        Ok(dead_letter::count(&bed.db, "search", dead_letter::DEAD).await? == 2)
-    })
-    .await?;
+    eventually("two dead letters", || async { Ok(dead_letter::count(&bed.db, "search", dead_letter::DEAD).await? == 2) }).await?;
     let s = r.stop().await?;
     assert_eq!((s.applied, s.dead_lettered), (10, 2), "{s:?}");
     assert_eq!(search::count_active(&bed.db).await?, 10, "records after the poison were applied");

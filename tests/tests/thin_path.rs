@@ -24,7 +24,8 @@ async fn thin_path(database: Database, broker: Broker) -> anyhow::Result<()> {
 
     let found = stack.wait_for_hits(ALICE, "thin%20path", 3).await?;
     assert_eq!(found["generation"], 1);
-    let mut hit_ids: Vec<String> = found["hits"].as_array().expect("hits").iter().map(|h| h["job_id"].as_str().expect("job_id").to_owned()).collect();
+    let mut hit_ids: Vec<String> =
+        found["hits"].as_array().expect("hits").iter().map(|h| h["job_id"].as_str().expect("job_id").to_owned()).collect();
     hit_ids.sort();
     let mut want = job_ids.clone();
     want.sort();

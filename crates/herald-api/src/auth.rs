@@ -38,13 +38,8 @@ impl Tokens {
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
-        let token = value
-            .strip_prefix("Bearer ")
-            .ok_or_else(|| Problem::unauthorized("Authorization must be `Bearer <token>`"))?;
-        self.callers
-            .get(token.trim())
-            .cloned()
-            .ok_or_else(|| Problem::unauthorized("unknown token"))
+        let token = value.strip_prefix("Bearer ").ok_or_else(|| Problem::unauthorized("Authorization must be `Bearer <token>`"))?;
+        self.callers.get(token.trim()).cloned().ok_or_else(|| Problem::unauthorized("unknown token"))
     }
 }
 

@@ -74,13 +74,10 @@ impl From<ExportError> for Problem {
     fn from(e: ExportError) -> Problem {
         match e {
             ExportError::Invalid(detail) => Problem::invalid(detail),
-            ExportError::QuotaExceeded { open, quota, retry_after_secs } => Problem::too_many(
-                format!("{open} exports unfinished, at most {quota} allowed; retry later"),
-                retry_after_secs,
-            ),
-            ExportError::KeyConflict { .. } => Problem::conflict(
-                "this Idempotency-Key was already used with different parameters",
-            ),
+            ExportError::QuotaExceeded { open, quota, retry_after_secs } => {
+                Problem::too_many(format!("{open} exports unfinished, at most {quota} allowed; retry later"), retry_after_secs)
+            }
+            ExportError::KeyConflict { .. } => Problem::conflict("this Idempotency-Key was already used with different parameters"),
             other => {
                 error!(error = %other, "request failed");
                 Problem::unavailable("storage failed; retry with the same Idempotency-Key")

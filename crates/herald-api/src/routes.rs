@@ -51,9 +51,7 @@ pub async fn serve(listener: TcpListener, state: AppState, shutdown: Cancellatio
 /// Serves `app` (e.g. `router(state)` merged with `observe::routes`) until
 /// `shutdown`, finishing requests in flight.
 pub async fn serve_router(listener: TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
 }
 
 /// Bound address helper for callers that asked for port 0.
@@ -76,13 +74,8 @@ async fn create_export(State(state): State<AppState>, headers: HeaderMap, body: 
 }
 
 fn idempotency_key(headers: &HeaderMap) -> Result<String, Problem> {
-    let value = headers
-        .get("idempotency-key")
-        .ok_or_else(|| Problem::bad_request("missing Idempotency-Key header"))?;
-    let key = value
-        .to_str()
-        .map_err(|_| Problem::bad_request("Idempotency-Key must be visible ASCII"))?
-        .trim();
+    let value = headers.get("idempotency-key").ok_or_else(|| Problem::bad_request("missing Idempotency-Key header"))?;
+    let key = value.to_str().map_err(|_| Problem::bad_request("Idempotency-Key must be visible ASCII"))?.trim();
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(Problem::bad_request(format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters")));
     }

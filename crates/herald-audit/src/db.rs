@@ -23,7 +23,8 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         }
         Backend::Sqlite => "seq",
     };
-    let sql = format!("SELECT seq, source, event_id, event_type, subject, topic, partition_key, status FROM outbox ORDER BY {commit_order}");
+    let sql =
+        format!("SELECT seq, source, event_id, event_type, subject, topic, partition_key, status FROM outbox ORDER BY {commit_order}");
     let outbox = sqlx::query(&sql)
         .fetch_all(&mut *tx)
         .await?
@@ -32,8 +33,10 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         .map(|(rank, r)| outbox_row(rank, r))
         .collect::<Result<_, sqlx::Error>>()?;
     let (completions, undecodable_completions) = completions(&mut tx).await?;
-    let active_generation: i64 =
-        sqlx::query("SELECT generation FROM active_generations WHERE projection = 'search'").fetch_one(&mut *tx).await?.try_get("generation")?;
+    let active_generation: i64 = sqlx::query("SELECT generation FROM active_generations WHERE projection = 'search'")
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("generation")?;
     let search_documents = sqlx::query("SELECT job_id, caller, result_id, deleted_at_ms FROM search_documents WHERE generation = $1")
         .bind(active_generation)
         .fetch_all(&mut *tx)
@@ -146,7 +149,12 @@ fn intake_key(r: &AnyRow) -> Result<IntakeKey, sqlx::Error> {
 
 fn search_document(r: &AnyRow) -> Result<SearchDocument, sqlx::Error> {
     let deleted_at: Option<i64> = r.try_get("deleted_at_ms")?;
-    Ok(SearchDocument { job_id: r.try_get("job_id")?, caller: r.try_get("caller")?, result_id: r.try_get("result_id")?, tombstone: deleted_at.is_some() })
+    Ok(SearchDocument {
+        job_id: r.try_get("job_id")?,
+        caller: r.try_get("caller")?,
+        result_id: r.try_get("result_id")?,
+        tombstone: deleted_at.is_some(),
+    })
 }
 
 fn intent(r: &AnyRow) -> Result<Intent, sqlx::Error> {

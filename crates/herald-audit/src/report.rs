@@ -85,7 +85,14 @@ impl Report {
                 (true, true) => " ok ",
                 (true, false) => "FAIL",
             };
-            let _ = writeln!(out, "  [{mark}] {:<24} {:>7} checked {:>5} violation(s)  {}", c.check, c.checked, c.violations.len(), c.invariant);
+            let _ = writeln!(
+                out,
+                "  [{mark}] {:<24} {:>7} checked {:>5} violation(s)  {}",
+                c.check,
+                c.checked,
+                c.violations.len(),
+                c.invariant
+            );
             if let Some(note) = &c.note {
                 let _ = writeln!(out, "         note: {note}");
             }

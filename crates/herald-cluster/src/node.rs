@@ -151,9 +151,9 @@ pub(crate) fn format_storage(nodes: &[Node], cluster_id: &str) -> anyhow::Result
 pub(crate) fn port_clash(dir: &Path) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else { return false };
     entries.filter_map(Result::ok).any(|e| {
-        ["stdout.log", "server.log"].iter().any(|log| {
-            std::fs::read_to_string(e.path().join(log)).is_ok_and(|s| s.contains("Address already in use"))
-        })
+        ["stdout.log", "server.log"]
+            .iter()
+            .any(|log| std::fs::read_to_string(e.path().join(log)).is_ok_and(|s| s.contains("Address already in use")))
     })
 }
 

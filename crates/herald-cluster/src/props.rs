@@ -24,8 +24,7 @@ pub fn render(id: usize, ports: &[Ports], data_dir: &Path) -> String {
     let nodes = ports.len();
     let replication = nodes.min(3);
     let min_isr = if replication >= 3 { 2 } else { 1 };
-    let voters: Vec<String> =
-        ports.iter().enumerate().map(|(i, p)| format!("{}@127.0.0.1:{}", i + 1, p.controller)).collect();
+    let voters: Vec<String> = ports.iter().enumerate().map(|(i, p)| format!("{}@127.0.0.1:{}", i + 1, p.controller)).collect();
     let own = ports[id - 1];
     let mut out = String::new();
     let mut set = |key: &str, value: &dyn std::fmt::Display| {

@@ -16,9 +16,9 @@ use rdkafka::message::{Message, OwnedMessage};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
+use crate::handler::Record;
 use crate::letters::{self, Backoff};
 use crate::metrics::Metrics;
-use crate::handler::Record;
 use crate::parking::{self, Blocked, Verdict};
 use crate::{Handler, HandlerError, Options, Order};
 

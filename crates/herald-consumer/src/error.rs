@@ -17,11 +17,7 @@ pub enum HandlerError {
 
 impl From<StoreError> for HandlerError {
     fn from(e: StoreError) -> Self {
-        if e.is_retryable() {
-            HandlerError::Retryable(e.to_string())
-        } else {
-            HandlerError::Reject(e.to_string())
-        }
+        if e.is_retryable() { HandlerError::Retryable(e.to_string()) } else { HandlerError::Reject(e.to_string()) }
     }
 }
 

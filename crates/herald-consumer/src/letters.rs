@@ -36,9 +36,7 @@ pub(crate) fn letter<'a>(
 }
 
 pub(crate) fn headers_of(msg: &OwnedMessage) -> Vec<(String, Option<Vec<u8>>)> {
-    msg.headers()
-        .map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect())
-        .unwrap_or_default()
+    msg.headers().map(|h| h.iter().map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec))).collect()).unwrap_or_default()
 }
 
 /// Stores `letter` in a transaction of its own, retrying until the database
@@ -72,8 +70,15 @@ pub(crate) async fn keep(db: &Db, letter: &NewDeadLetter<'_>, shutdown: &Cancell
 }
 
 pub(crate) fn log_dead(letter: &NewDeadLetter<'_>) {
-    error!(subscription = letter.subscription, topic = letter.topic, partition = letter.partition, offset = letter.offset,
-        attempts = letter.attempts, reason = letter.error, "record dead-lettered; partition moves on");
+    error!(
+        subscription = letter.subscription,
+        topic = letter.topic,
+        partition = letter.partition,
+        offset = letter.offset,
+        attempts = letter.attempts,
+        reason = letter.error,
+        "record dead-lettered; partition moves on"
+    );
 }
 
 /// Exponential backoff of retryable failures, cut short by shutdown.

@@ -158,7 +158,12 @@ pub struct Released {
 /// the rest stay parked. A retryable failure fails the whole transaction:
 /// the caller's letter stays dead and everything stays parked.
 /// Call with `key`'s partition locked.
-pub(crate) async fn release<H: Handler>(tx: &mut Tx<'_>, handler: &H, registry: &Registry, key: &KeyRef<'_>) -> Result<Released, HandlerError> {
+pub(crate) async fn release<H: Handler>(
+    tx: &mut Tx<'_>,
+    handler: &H,
+    registry: &Registry,
+    key: &KeyRef<'_>,
+) -> Result<Released, HandlerError> {
     let mut released = Released::default();
     while let Some(next) = parked::first(tx, key).await? {
         if parked::first_dead_letter(tx, key).await?.is_some_and(|letter| letter < next.offset) {
@@ -228,5 +233,13 @@ pub(crate) fn message(
     for (name, value) in headers {
         owned = owned.insert(Header { key: name, value: value.as_deref() });
     }
-    OwnedMessage::new(value.map(<[u8]>::to_vec), key.map(<[u8]>::to_vec), topic.to_owned(), Timestamp::NotAvailable, partition, offset, Some(owned))
+    OwnedMessage::new(
+        value.map(<[u8]>::to_vec),
+        key.map(<[u8]>::to_vec),
+        topic.to_owned(),
+        Timestamp::NotAvailable,
+        partition,
+        offset,
+        Some(owned),
+    )
 }

@@ -60,7 +60,12 @@ pub trait Projection: Send + Sync + 'static {
     fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&Self::Fact]) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
     /// The same as [`Projection::write`] on a native PostgreSQL connection.
-    fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Self::Fact]) -> impl Future<Output = Result<(), HandlerError>> + Send {
+    fn write_pg(
+        &self,
+        tx: &mut PgConnection,
+        generation: i64,
+        facts: &[&Self::Fact],
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
         let _ = (tx, generation, facts);
         async { Err(HandlerError::Reject(format!("projection {} has no PostgreSQL fast path", Self::NAME))) }
     }
@@ -75,7 +80,12 @@ pub trait Projection: Send + Sync + 'static {
     /// generation's boundary (delivered before it was read, database clock).
     /// `None`: the projection declares no source of truth. `Some(problems)`:
     /// empty when the generation agrees.
-    fn verify_source(&self, db: &Db, generation: i64, settled_before_ms: i64) -> impl Future<Output = Result<Option<Vec<String>>, StoreError>> + Send {
+    fn verify_source(
+        &self,
+        db: &Db,
+        generation: i64,
+        settled_before_ms: i64,
+    ) -> impl Future<Output = Result<Option<Vec<String>>, StoreError>> + Send {
         let _ = (db, generation, settled_before_ms);
         async { Ok(None) }
     }

@@ -63,7 +63,12 @@ pub async fn redrive_with<H: Handler>(db: &Db, handler: &H, registry: &Registry,
 /// [`redrive_with`], saying what became of the records parked behind the
 /// letter: the transaction that applies the letter also applies them, in
 /// offset order, up to the first that fails (dead-lettered in turn).
-pub async fn redrive_releasing<H: Handler>(db: &Db, handler: &H, registry: &Registry, letter: &DeadLetter) -> Result<RedriveOutcome, StoreError> {
+pub async fn redrive_releasing<H: Handler>(
+    db: &Db,
+    handler: &H,
+    registry: &Registry,
+    letter: &DeadLetter,
+) -> Result<RedriveOutcome, StoreError> {
     let outcome = |redriven| RedriveOutcome { redriven, released: Released::default() };
     if letter.status != dead_letter::DEAD {
         return Ok(outcome(Redriven::NotDead));

@@ -23,9 +23,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use crate::ReplayError;
 use crate::projection::Projection;
 use crate::replay_write::Writer;
-use crate::ReplayError;
 
 /// Records applied per transaction unless told otherwise.
 pub const DEFAULT_BATCH: usize = 5_000;
@@ -59,7 +59,11 @@ pub enum Content<F> {
     Undecodable,
     /// An event the projection does not apply (still moves the position).
     Ignored,
-    Fact { key: EventKey, event_type: String, fact: F },
+    Fact {
+        key: EventKey,
+        event_type: String,
+        fact: F,
+    },
 }
 
 /// Replays `topic` into `generation` of `projection` until every partition

@@ -89,7 +89,11 @@ impl<'p, P: Projection> Writer<'p, P> {
         } else {
             let entries: Vec<Entry<'_>> = items
                 .iter()
-                .map(|i| Entry { key: i.key, event_type: i.event_type, delivery: Delivery { topic: &self.topic, partition: i.partition, offset: i.offset } })
+                .map(|i| Entry {
+                    key: i.key,
+                    event_type: i.event_type,
+                    delivery: Delivery { topic: &self.topic, partition: i.partition, offset: i.offset },
+                })
                 .collect();
             let first: HashSet<EventKey> = inbox::claim_batch(&mut tx, &self.scope, &entries).await?;
             first_seen(items, |key| first.contains(key))

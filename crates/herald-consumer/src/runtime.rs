@@ -67,14 +67,8 @@ impl Subscription {
 /// Consumes until `shutdown`. The record being processed when shutdown comes
 /// is finished and its offset committed before returning. Dead letters go to
 /// `db` under the subscription's name.
-pub async fn run<P: Processor>(
-    subscription: &Subscription,
-    db: &Db,
-    processor: &P,
-    shutdown: CancellationToken,
-) -> Result<(), KafkaError> {
-    let consumer: StreamConsumer =
-        herald_kafka::consumer_config(&subscription.brokers, &subscription.group).create()?;
+pub async fn run<P: Processor>(subscription: &Subscription, db: &Db, processor: &P, shutdown: CancellationToken) -> Result<(), KafkaError> {
+    let consumer: StreamConsumer = herald_kafka::consumer_config(&subscription.brokers, &subscription.group).create()?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(subscription = %subscription.name, ?topics, "subscription started");

@@ -132,8 +132,7 @@ pub fn check(files: &[(String, String)], compatibility: &str) -> Result<Report, 
     let mut by_subject: BTreeMap<String, BTreeMap<u32, Schema>> = BTreeMap::new();
     for (file, text) in files.iter().filter(|(f, _)| f.ends_with(".avsc")) {
         let (subject, version) = parse_file_name(file).ok_or_else(|| CheckInputError::FileName(file.clone()))?;
-        let schema = Schema::parse_str(text)
-            .map_err(|e| CheckInputError::Parse { file: file.clone(), reason: e.to_string() })?;
+        let schema = Schema::parse_str(text).map_err(|e| CheckInputError::Parse { file: file.clone(), reason: e.to_string() })?;
         by_subject.entry(subject.to_owned()).or_default().insert(version, schema);
     }
     let mut report = Report::default();
@@ -151,7 +150,9 @@ pub fn check(files: &[(String, String)], compatibility: &str) -> Result<Report, 
 fn check_subject(subject: &str, mode: Mode, versions: &BTreeMap<u32, Schema>, out: &mut Vec<String>) {
     let max = versions.keys().max().copied().unwrap_or(0);
     for missing in (1..=max).filter(|v| !versions.contains_key(v)) {
-        out.push(format!("{subject}: v{missing} is missing; released versions are never deleted, so later ones cannot be checked against it"));
+        out.push(format!(
+            "{subject}: v{missing} is missing; released versions are never deleted, so later ones cannot be checked against it"
+        ));
     }
     for (&v, schema) in versions {
         if let Some(problem) = version_field_problem(schema) {
@@ -208,9 +209,9 @@ impl Incompatibility {
             Incompatibility::NoDefault { field } => {
                 format!("v{writer_v} removes field `{field}`, which has no default in v{reader_v}")
             }
-            Incompatibility::Type { field, writer, reader } => format!(
-                "field `{field}` is {writer} in v{writer_v} but {reader} in v{reader_v}, and Avro cannot read {writer} as {reader}"
-            ),
+            Incompatibility::Type { field, writer, reader } => {
+                format!("field `{field}` is {writer} in v{writer_v} but {reader} in v{reader_v}, and Avro cannot read {writer} as {reader}")
+            }
             Incompatibility::Other(reason) => reason.clone(),
         }
     }

@@ -27,10 +27,7 @@ pub trait EventData: Serialize + DeserializeOwned {
     /// Avro binary encoding of this datum.
     fn to_avro(&self) -> Result<Vec<u8>, EnvelopeError> {
         let schema = schema::by_file(Self::SCHEMA_FILE)?;
-        let err = |reason: String| EnvelopeError::Data {
-            schema: Self::SCHEMA_FILE.to_owned(),
-            reason,
-        };
+        let err = |reason: String| EnvelopeError::Data { schema: Self::SCHEMA_FILE.to_owned(), reason };
         let value = to_value(self).map_err(|e| err(e.to_string()))?;
         to_avro_datum(schema, value).map_err(|e| err(e.to_string()))
     }
@@ -51,10 +48,7 @@ pub trait EventData: Serialize + DeserializeOwned {
         // (it walks both schemas on every call): skip it for the same file.
         // (A registry never replaces an embedded file, so same name, same schema.)
         let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
-        let err = |reason: String| EnvelopeError::Data {
-            schema: writer_file.to_owned(),
-            reason,
-        };
+        let err = |reason: String| EnvelopeError::Data { schema: writer_file.to_owned(), reason };
         let mut input = bytes;
         let named = |e: apache_avro::Error| match failing_field(writer, bytes) {
             Some(field) => err(format!("field `{field}`: {e}")),

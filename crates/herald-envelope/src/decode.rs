@@ -55,9 +55,7 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
         Some(other) => return Err(invalid("datacontenttype", format!("`{other}`, expected `{AVRO_CONTENT_TYPE}`"))),
         None => return Err(EnvelopeError::MissingAttribute("datacontenttype")),
     }
-    let dataschema = event
-        .dataschema()
-        .ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
+    let dataschema = event.dataschema().ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
     let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
     let writer = registry.get(&schema_file)?.clone();
     let data = match event.data() {
@@ -99,11 +97,7 @@ fn refuse_what_the_binding_panics_on(msg: &impl Message) -> Result<(), EnvelopeE
 }
 
 fn non_empty(name: &'static str, value: &str) -> Result<String, EnvelopeError> {
-    if value.is_empty() {
-        Err(EnvelopeError::MissingAttribute(name))
-    } else {
-        Ok(value.to_owned())
-    }
+    if value.is_empty() { Err(EnvelopeError::MissingAttribute(name)) } else { Ok(value.to_owned()) }
 }
 
 fn invalid(name: &'static str, reason: String) -> EnvelopeError {

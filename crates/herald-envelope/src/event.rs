@@ -39,12 +39,7 @@ pub struct OutboxEvent {
 
 impl OutboxEvent {
     /// A new event with a fresh time-ordered id.
-    pub fn new<T: EventData>(
-        topic: &str,
-        subject: &str,
-        data: &T,
-        time: DateTime<Utc>,
-    ) -> Result<Self, EnvelopeError> {
+    pub fn new<T: EventData>(topic: &str, subject: &str, data: &T, time: DateTime<Utc>) -> Result<Self, EnvelopeError> {
         Ok(Self {
             id: uuid::Uuid::now_v7().to_string(),
             source: SOURCE_EXPORTS.to_owned(),
@@ -59,10 +54,7 @@ impl OutboxEvent {
     }
 
     pub fn key(&self) -> EventKey {
-        EventKey {
-            source: self.source.clone(),
-            id: self.id.clone(),
-        }
+        EventKey { source: self.source.clone(), id: self.id.clone() }
     }
 
     /// The CloudEvents 1.0 form of this event.
@@ -73,18 +65,13 @@ impl OutboxEvent {
             .ty(&self.event_type)
             .subject(&self.subject)
             .time(self.time)
-            .data_with_schema(
-                AVRO_CONTENT_TYPE,
-                schema::dataschema_uri(&self.schema_file).as_str(),
-                self.data.clone(),
-            )
+            .data_with_schema(AVRO_CONTENT_TYPE, schema::dataschema_uri(&self.schema_file).as_str(), self.data.clone())
             .build()
             .map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
     }
 
     /// Headers and value of the Kafka record, in binary content mode.
     pub fn to_kafka_record(&self) -> Result<MessageRecord, EnvelopeError> {
-        MessageRecord::from_event(self.to_cloudevent()?)
-            .map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+        MessageRecord::from_event(self.to_cloudevent()?).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
     }
 }

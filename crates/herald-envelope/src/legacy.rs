@@ -22,7 +22,10 @@
 use rdkafka::message::{Headers, Message};
 use serde::Deserialize;
 
-use crate::{DecodedEvent, EnvelopeError, EventData, EventKey, ExportCompleted, ExportDeleted, ExportFailed, ExportRequested, Registry, SOURCE_EXPORTS, decode_record_with};
+use crate::{
+    DecodedEvent, EnvelopeError, EventData, EventKey, ExportCompleted, ExportDeleted, ExportFailed, ExportRequested, Registry,
+    SOURCE_EXPORTS, decode_record_with,
+};
 
 /// Legacy `event_source` values and the CloudEvents `source` each stands for.
 /// Inbox rows keyed by an alias are rewritten to the canonical source at
@@ -59,8 +62,8 @@ pub fn decode_any_with(msg: &impl Message, registry: &Registry) -> Result<Decode
 
 /// Decodes and normalises a legacy envelope.
 pub fn decode_legacy(value: &[u8]) -> Result<DecodedEvent, EnvelopeError> {
-    let legacy: LegacyEnvelope = serde_json::from_slice(value)
-        .map_err(|e| EnvelopeError::Legacy(format!("no ce_* headers and not a legacy JSON envelope: {e}")))?;
+    let legacy: LegacyEnvelope =
+        serde_json::from_slice(value).map_err(|e| EnvelopeError::Legacy(format!("no ce_* headers and not a legacy JSON envelope: {e}")))?;
     if legacy.event_id.is_empty() {
         return Err(EnvelopeError::MissingAttribute("event_id"));
     }
@@ -101,8 +104,8 @@ fn avro_of(event_type: &str, data: serde_json::Value) -> Result<(&'static str, V
 }
 
 fn encode<T: EventData>(data: serde_json::Value) -> Result<(&'static str, Vec<u8>), EnvelopeError> {
-    let typed: T = serde_json::from_value(data)
-        .map_err(|e| EnvelopeError::Data { schema: T::SCHEMA_FILE.to_owned(), reason: e.to_string() })?;
+    let typed: T =
+        serde_json::from_value(data).map_err(|e| EnvelopeError::Data { schema: T::SCHEMA_FILE.to_owned(), reason: e.to_string() })?;
     Ok((T::SCHEMA_FILE, typed.to_avro()?))
 }
 
@@ -169,7 +172,8 @@ mod tests {
     #[test]
     fn garbage_without_headers_is_a_typed_error() {
         assert!(matches!(decode_any(&record(b"\x00\x01not json".to_vec())), Err(EnvelopeError::Legacy(_))));
-        let missing_data = br#"{"event_id":"1","event_source":"herald-exports","event_type":"herald.export.completed","data":{"job_id":"j"}}"#;
+        let missing_data =
+            br#"{"event_id":"1","event_source":"herald-exports","event_type":"herald.export.completed","data":{"job_id":"j"}}"#;
         assert!(matches!(decode_any(&record(missing_data.to_vec())), Err(EnvelopeError::Data { .. })));
     }
 }

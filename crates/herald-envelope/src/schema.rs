@@ -45,8 +45,7 @@ impl Registry {
                     .map(|(name, text)| {
                         // The files are part of this build; a parse failure is a build
                         // defect that the schema tests catch before anything ships.
-                        let schema = Schema::parse_str(text)
-                            .unwrap_or_else(|e| panic!("schemas/{name} does not parse: {e}"));
+                        let schema = Schema::parse_str(text).unwrap_or_else(|e| panic!("schemas/{name} does not parse: {e}"));
                         ((*name).to_owned(), Arc::new(schema))
                     })
                     .collect();
@@ -95,9 +94,7 @@ pub fn dataschema_uri(file: &str) -> String {
 
 /// The schema file named by a `dataschema` URI.
 pub fn file_of_dataschema(uri: &str) -> Result<&str, EnvelopeError> {
-    uri.strip_prefix(DATASCHEMA_PREFIX)
-        .filter(|file| !file.is_empty())
-        .ok_or_else(|| EnvelopeError::UnknownSchema(uri.to_owned()))
+    uri.strip_prefix(DATASCHEMA_PREFIX).filter(|file| !file.is_empty()).ok_or_else(|| EnvelopeError::UnknownSchema(uri.to_owned()))
 }
 
 #[cfg(test)]

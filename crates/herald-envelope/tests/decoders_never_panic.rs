@@ -5,8 +5,8 @@
 use herald_envelope::legacy::{decode_legacy, to_legacy_json};
 use herald_envelope::schema::FILES;
 use herald_envelope::{
-    EnvelopeError, EventData, EventKey, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested,
-    SOURCE_EXPORTS, decode_any,
+    EnvelopeError, EventData, EventKey, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested, SOURCE_EXPORTS,
+    decode_any,
 };
 use proptest::prelude::*;
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};

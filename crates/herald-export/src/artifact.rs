@@ -8,8 +8,8 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use object_store::aws::{AmazonS3Builder, S3ConditionalPut};
 use object_store::local::LocalFileSystem;
-use object_store::prefix::PrefixStore;
 use object_store::path::Path as ObjectPath;
+use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 use sha2::{Digest, Sha256};
 
@@ -32,8 +32,7 @@ pub struct ArtifactStore {
 impl ArtifactStore {
     /// Artifacts as files under `dir` (created if missing).
     pub fn local(dir: &Path) -> Result<ArtifactStore, ExportError> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| ExportError::Invalid(format!("artifact dir {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(dir).map_err(|e| ExportError::Invalid(format!("artifact dir {}: {e}", dir.display())))?;
         Ok(ArtifactStore { store: Arc::new(LocalFileSystem::new_with_prefix(dir)?) })
     }
 
@@ -67,15 +66,9 @@ impl ArtifactStore {
             let key = key.parse().map_err(|e| ExportError::Invalid(format!("S3 option `{key}`: {e}")))?;
             builder = builder.with_config(key, *value);
         }
-        let s3 = builder
-            .with_bucket_name(bucket)
-            .with_conditional_put(S3ConditionalPut::ETagMatch)
-            .build()?;
-        let store: Arc<dyn ObjectStore> = if prefix.trim_matches('/').is_empty() {
-            Arc::new(s3)
-        } else {
-            Arc::new(PrefixStore::new(s3, prefix.trim_matches('/')))
-        };
+        let s3 = builder.with_bucket_name(bucket).with_conditional_put(S3ConditionalPut::ETagMatch).build()?;
+        let store: Arc<dyn ObjectStore> =
+            if prefix.trim_matches('/').is_empty() { Arc::new(s3) } else { Arc::new(PrefixStore::new(s3, prefix.trim_matches('/'))) };
         Ok(ArtifactStore { store })
     }
 

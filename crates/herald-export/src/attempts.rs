@@ -9,11 +9,11 @@ use herald_kafka::Topics;
 use herald_store::{Db, StoreError, now_ms, outbox};
 use sqlx::Row;
 
+use crate::ExportError;
 use crate::artifact::StoredArtifact;
 use crate::faults::{FaultAction, FaultPoint, Faults};
 use crate::jobs::{JOB_COLUMNS, Job, row_to_job};
 use crate::lifecycle::{AfterFailure, FAILED, LeasePolicy, PENDING, RUNNING, SUCCEEDED};
-use crate::ExportError;
 
 /// A started attempt: the job as it was when this attempt claimed it.
 #[derive(Debug, Clone)]
@@ -49,15 +49,13 @@ pub async fn start(db: &Db, job_id: &str, owner: &str, policy: &LeasePolicy, now
 
 /// Extends the lease. `false`: the attempt lost the job and must stop.
 pub async fn renew(db: &Db, attempt: &Attempt, policy: &LeasePolicy, now: i64) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "UPDATE export_jobs SET lease_expires_at_ms = $1 WHERE job_id = $2 AND generation = $3 AND status = $4",
-    )
-    .bind(now + policy.lease_ms())
-    .bind(&attempt.job.job_id)
-    .bind(attempt.generation)
-    .bind(RUNNING)
-    .execute(db.pool())
-    .await?;
+    let done = sqlx::query("UPDATE export_jobs SET lease_expires_at_ms = $1 WHERE job_id = $2 AND generation = $3 AND status = $4")
+        .bind(now + policy.lease_ms())
+        .bind(&attempt.job.job_id)
+        .bind(attempt.generation)
+        .bind(RUNNING)
+        .execute(db.pool())
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -91,7 +89,13 @@ pub enum Completion {
 
 /// Selects `artifact`, marks the job succeeded and appends the one completion
 /// event, in one transaction conditional on (job id, generation, `running`).
-pub async fn complete(db: &Db, topics: &Topics, attempt: &Attempt, artifact: &StoredArtifact, faults: &Faults) -> Result<Completion, ExportError> {
+pub async fn complete(
+    db: &Db,
+    topics: &Topics,
+    attempt: &Attempt,
+    artifact: &StoredArtifact,
+    faults: &Faults,
+) -> Result<Completion, ExportError> {
     let job = &attempt.job;
     let now = now_ms();
     let version = job.version + 1;
@@ -185,7 +189,9 @@ pub async fn resolve_unknown(db: &Db, attempt: &Attempt, result_id: &str) -> Res
 /// What became of a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureOutcome {
-    Retrying { retry_at_ms: i64 },
+    Retrying {
+        retry_at_ms: i64,
+    },
     Failed,
     /// The attempt no longer owned the job; nothing recorded.
     Stale,
@@ -193,7 +199,14 @@ pub enum FailureOutcome {
 
 /// Records a temporary failure: back to pending with a retry time, or — with
 /// the budget spent — `failed` plus its event, in one transaction.
-pub async fn record_failure(db: &Db, topics: &Topics, attempt: &Attempt, error: &str, policy: &LeasePolicy, jitter: f64) -> Result<FailureOutcome, ExportError> {
+pub async fn record_failure(
+    db: &Db,
+    topics: &Topics,
+    attempt: &Attempt,
+    error: &str,
+    policy: &LeasePolicy,
+    jitter: f64,
+) -> Result<FailureOutcome, ExportError> {
     let now = now_ms();
     let failures = attempt.job.failures + 1;
     let decision = policy.after_failure(failures, now, jitter);

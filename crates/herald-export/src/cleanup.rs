@@ -13,9 +13,9 @@ use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::ExportError;
 use crate::artifact::ArtifactStore;
 use crate::lifecycle::{DELETED, FAILED, SUCCEEDED};
-use crate::ExportError;
 
 const BATCH: i64 = 100;
 

@@ -47,7 +47,11 @@ impl ExportError {
         match self {
             ExportError::Store(e) => e.is_retryable(),
             ExportError::Artifact(_) | ExportError::ArtifactCorrupt { .. } | ExportError::Injected { .. } => true,
-            ExportError::LeaseLost | ExportError::Invalid(_) | ExportError::KeyConflict { .. } | ExportError::QuotaExceeded { .. } | ExportError::Envelope(_) => false,
+            ExportError::LeaseLost
+            | ExportError::Invalid(_)
+            | ExportError::KeyConflict { .. }
+            | ExportError::QuotaExceeded { .. }
+            | ExportError::Envelope(_) => false,
         }
     }
 }

@@ -12,9 +12,9 @@ use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::ExportError;
 use crate::jobs::{JOB_COLUMNS, append_command, row_to_job};
 use crate::lifecycle::{LeasePolicy, PENDING, RUNNING};
-use crate::ExportError;
 
 /// Jobs examined per scan.
 const SCAN_LIMIT: i64 = 100;

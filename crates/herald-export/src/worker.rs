@@ -12,11 +12,11 @@ use herald_store::{Db, now_ms};
 use rdkafka::message::OwnedMessage;
 use tracing::{debug, info, warn};
 
+use crate::ExportError;
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
 use crate::attempts::{self, Attempt, Completion, FailureOutcome, Resolved};
 use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::LeasePolicy;
-use crate::ExportError;
 
 /// Subscription name of the workers: consumer group `herald.export-workers`,
 /// and the scope of the commands they dead-letter.
@@ -25,13 +25,23 @@ pub const SUBSCRIPTION: &str = "export-workers";
 /// How one command ended, for callers that drive the worker directly.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    Completed { generation: i64, result_id: String },
+    Completed {
+        generation: i64,
+        result_id: String,
+    },
     /// Finished, or held by a live attempt: nothing done.
     Skipped,
     /// The attempt lost the job to a newer generation; its candidate is an orphan.
-    Refused { generation: i64, orphan: String },
-    Retrying { generation: i64 },
-    Failed { generation: i64 },
+    Refused {
+        generation: i64,
+        orphan: String,
+    },
+    Retrying {
+        generation: i64,
+    },
+    Failed {
+        generation: i64,
+    },
 }
 
 pub struct ExportWorker {

@@ -78,9 +78,7 @@ impl EmbeddedKafka {
                 }
             })
             .map_err(|e| KafkaError::ClientCreation(e.to_string()))?;
-        let bootstrap = ready_rx
-            .recv()
-            .map_err(|_| KafkaError::ClientCreation("embedded kafka thread died".into()))??;
+        let bootstrap = ready_rx.recv().map_err(|_| KafkaError::ClientCreation("embedded kafka thread died".into()))??;
         Ok(EmbeddedKafka { bootstrap, commands: Some(command_tx), thread: Some(thread) })
     }
 

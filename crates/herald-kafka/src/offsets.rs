@@ -32,11 +32,7 @@ impl PartitionState {
 }
 
 fn client(brokers: &str, group: &str) -> Result<BaseConsumer, KafkaError> {
-    ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "false")
-        .create()
+    ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).set("enable.auto.commit", "false").create()
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static) -> Result<T, KafkaError> {
@@ -132,7 +128,12 @@ pub async fn commit(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i6
 
 /// Per partition, the first offset whose record time is at or after
 /// `time_ms`; the high watermark where no record is that recent.
-pub async fn offsets_for_time(brokers: &str, topic: &str, partitions: &[PartitionState], time_ms: i64) -> Result<Vec<(i32, i64)>, KafkaError> {
+pub async fn offsets_for_time(
+    brokers: &str,
+    topic: &str,
+    partitions: &[PartitionState],
+    time_ms: i64,
+) -> Result<Vec<(i32, i64)>, KafkaError> {
     let (brokers, topic, partitions) = (brokers.to_owned(), topic.to_owned(), partitions.to_vec());
     blocking(move || {
         let client = client(&brokers, "herald.offsets-for-time")?;
@@ -152,4 +153,3 @@ pub async fn offsets_for_time(brokers: &str, topic: &str, partitions: &[Partitio
     })
     .await
 }
-

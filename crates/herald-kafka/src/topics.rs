@@ -1,11 +1,11 @@
 use std::time::Duration;
 
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use thiserror::Error;
 
 /// Why topics could not be made ready.
@@ -79,13 +79,9 @@ pub struct Replication {
 /// are not asked for at all, so this also works against brokers without
 /// CreateTopics (the mock cluster) once they exist.
 pub async fn ensure_topics(brokers: &str, topics: &[&str], settings: TopicSettings) -> Result<(), TopicError> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(TopicError::Config)?;
-    let cluster = describe_cluster(brokers)
-        .await
-        .map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().map_err(TopicError::Config)?;
+    let cluster = describe_cluster(brokers).await.map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
     let missing: Vec<&str> = topics.iter().copied().filter(|t| !cluster.topics.iter().any(|e| e == t)).collect();
     if missing.is_empty() {
         return Ok(());
@@ -97,16 +93,10 @@ pub async fn ensure_topics(brokers: &str, topics: &[&str], settings: TopicSettin
     let min_insync = replication.min_insync.to_string();
     let new: Vec<NewTopic> = missing
         .iter()
-        .map(|t| {
-            NewTopic::new(t, settings.partitions, TopicReplication::Fixed(replication.factor))
-                .set("min.insync.replicas", &min_insync)
-        })
+        .map(|t| NewTopic::new(t, settings.partitions, TopicReplication::Fixed(replication.factor)).set("min.insync.replicas", &min_insync))
         .collect();
     let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let results = admin
-        .create_topics(&new, &options)
-        .await
-        .map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
+    let results = admin.create_topics(&new, &options).await.map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
     for result in results {
         match result {
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}

@@ -192,9 +192,6 @@ pub async fn db_now(db: &Db) -> Result<i64, StoreError> {
 
 /// Intents per status, for reports, reconcile and tests.
 pub async fn count_by_status(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM notification_intents WHERE status = $1")
-        .bind(status)
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM notification_intents WHERE status = $1").bind(status).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
 }

@@ -56,8 +56,7 @@ impl Handler for NotifyHandler {
 async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in herald_store::outbox::statement_chunks(rows) {
-        let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
         let sql = format!(
             "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, \
              status, created_at_ms, updated_at_ms) VALUES {} ON CONFLICT DO NOTHING",
@@ -89,10 +88,7 @@ async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> R
 
 /// Intents in `status`, for reports and tests.
 pub async fn count(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM notification_intents WHERE status = $1")
-        .bind(status)
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM notification_intents WHERE status = $1").bind(status).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
 }
 

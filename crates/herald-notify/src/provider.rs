@@ -99,7 +99,9 @@ impl ProviderClient {
         let response = match sent {
             Ok(response) => response,
             Err(e) if e.is_connect() => return SendOutcome::NotSent { reason: error_chain(&e) },
-            Err(e) if e.is_timeout() => return SendOutcome::Unknown { reason: format!("{NO_ANSWER} within the call timeout ({:?})", self.timeout) },
+            Err(e) if e.is_timeout() => {
+                return SendOutcome::Unknown { reason: format!("{NO_ANSWER} within the call timeout ({:?})", self.timeout) };
+            }
             Err(e) => return SendOutcome::Unknown { reason: format!("{NO_ANSWER}: {}", error_chain(&e)) },
         };
         let status = response.status();
@@ -114,12 +116,7 @@ impl ProviderClient {
 
     /// Asks a queryable provider whether it accepted `key`.
     pub async fn status(&self, key: &str) -> Result<KeyStatus, String> {
-        let response = self
-            .http
-            .get(format!("{}/v1/notifications/{key}", self.base))
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
+        let response = self.http.get(format!("{}/v1/notifications/{key}", self.base)).send().await.map_err(|e| e.to_string())?;
         match response.status().as_u16() {
             404 => Ok(KeyStatus::NotFound),
             200..=299 => {

@@ -30,15 +30,28 @@ pub const DEAD: &str = "dead";
 /// Where an intent goes after an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transition {
-    Sent { receipt: String },
+    Sent {
+        receipt: String,
+    },
     /// Try again at `at_ms` with the same key and body.
-    Retry { at_ms: i64, reason: String },
+    Retry {
+        at_ms: i64,
+        reason: String,
+    },
     /// Nobody knows whether the provider executed it: reconciliation.
-    Unknown { reason: String },
-    Conflict { detail: String },
-    Failed { detail: String },
+    Unknown {
+        reason: String,
+    },
+    Conflict {
+        detail: String,
+    },
+    Failed {
+        detail: String,
+    },
     /// Retries exhausted while the provider kept not taking it.
-    Dead { reason: String },
+    Dead {
+        reason: String,
+    },
 }
 
 impl Transition {
@@ -191,14 +204,22 @@ pub fn after_attempt(outcome: SendOutcome, caps: &Capabilities, policy: &RetryPo
 /// The provider did not execute this attempt: retry, not before `retry_after`
 /// — unless an earlier attempt may have executed and the retry would fall
 /// past the key's retention, where a resend could be a second effect.
-fn not_executed(reason: String, retry_after: Option<Duration>, caps: &Capabilities, policy: &RetryPolicy, facts: AttemptFacts) -> Transition {
+fn not_executed(
+    reason: String,
+    retry_after: Option<Duration>,
+    caps: &Capabilities,
+    policy: &RetryPolicy,
+    facts: AttemptFacts,
+) -> Transition {
     if facts.attempts >= policy.max_attempts {
         return Transition::Dead { reason };
     }
     let delay = policy.delay_ms(facts.attempts).max(retry_after.map_or(0, millis));
     let at_ms = facts.now_ms.saturating_add(delay);
     if facts.earlier_may_have_executed && !inside_retention(caps, facts.first_attempt_at_ms, at_ms) {
-        return Transition::Unknown { reason: format!("{reason}; an earlier attempt may have executed and a retry would fall past key retention") };
+        return Transition::Unknown {
+            reason: format!("{reason}; an earlier attempt may have executed and a retry would fall past key retention"),
+        };
     }
     Transition::Retry { at_ms, reason }
 }
@@ -220,12 +241,18 @@ pub fn maybe_delivered(reason: String, caps: &Capabilities, policy: &RetryPolicy
 /// What a provider's answer about an `unknown` intent's key settles.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QueryVerdict {
-    Sent { receipt: String },
+    Sent {
+        receipt: String,
+    },
     /// Provably never executed: send again with the same key.
     Requeue,
     /// Not found, but the provider may have forgotten the key: proves nothing.
-    PastRetention { reason: String },
-    StaysUnknown { reason: String },
+    PastRetention {
+        reason: String,
+    },
+    StaysUnknown {
+        reason: String,
+    },
 }
 
 /// A 404 proves "never executed" only while the provider would still
@@ -236,7 +263,9 @@ pub fn after_query(answer: KeyStatus, caps: &Capabilities, first_attempt_at_ms: 
         (KeyStatus::NotFound, _) if !caps.honours_keys => {
             QueryVerdict::StaysUnknown { reason: "the provider does not honour keys: not found proves nothing".into() }
         }
-        (KeyStatus::NotFound, None) => QueryVerdict::StaysUnknown { reason: "no first attempt recorded: retention cannot be checked".into() },
+        (KeyStatus::NotFound, None) => {
+            QueryVerdict::StaysUnknown { reason: "no first attempt recorded: retention cannot be checked".into() }
+        }
         (KeyStatus::NotFound, Some(first)) if inside_retention(caps, first, now_ms) => QueryVerdict::Requeue,
         (KeyStatus::NotFound, Some(first)) => QueryVerdict::PastRetention {
             reason: format!(

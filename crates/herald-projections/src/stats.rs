@@ -49,10 +49,12 @@ impl Projection for Stats {
     }
 
     async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
-        let rows = sqlx::query("SELECT day, caller, format, exports, bytes FROM stats_counters WHERE generation = $1 ORDER BY day, caller, format")
-            .bind(generation)
-            .fetch_all(&mut **tx)
-            .await?;
+        let rows = sqlx::query(
+            "SELECT day, caller, format, exports, bytes FROM stats_counters WHERE generation = $1 ORDER BY day, caller, format",
+        )
+        .bind(generation)
+        .fetch_all(&mut **tx)
+        .await?;
         let mut hash = Sha256::new();
         for row in &rows {
             for column in ["day", "caller", "format"] {
@@ -76,8 +78,7 @@ async fn increment(tx: &mut Tx<'_>, generation: i64, sums: &BTreeMap<CounterKey,
     let now = now_ms();
     let entries: Vec<_> = sums.iter().collect();
     for chunk in herald_store::outbox::statement_chunks(&entries) {
-        let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 7 + 1, 7))).collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 7 + 1, 7))).collect();
         let sql = format!(
             "INSERT INTO stats_counters (generation, day, caller, format, exports, bytes, updated_at_ms) VALUES {} \
              ON CONFLICT (generation, day, caller, format) DO UPDATE SET exports = stats_counters.exports + excluded.exports, \

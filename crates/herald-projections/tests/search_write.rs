@@ -28,7 +28,8 @@ fn completed(job: &str, version: i64) -> Fact {
 }
 
 async fn versions(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
-    let rows = sqlx::query("SELECT job_id, version FROM search_documents WHERE generation = 7 ORDER BY job_id").fetch_all(db.pool()).await?;
+    let rows =
+        sqlx::query("SELECT job_id, version FROM search_documents WHERE generation = 7 ORDER BY job_id").fetch_all(db.pool()).await?;
     Ok(rows.iter().map(|r| Ok((r.try_get("job_id")?, r.try_get("version")?))).collect::<Result<_, sqlx::Error>>()?)
 }
 

@@ -34,8 +34,7 @@ pub struct Generation {
     pub settled_before_ms: Option<i64>,
 }
 
-const COLUMNS: &str =
-    "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms, boundary_mode, settled_before_ms";
+const COLUMNS: &str = "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms, boundary_mode, settled_before_ms";
 
 fn row_to_generation(row: &AnyRow) -> Result<Generation, StoreError> {
     Ok(Generation {
@@ -232,9 +231,7 @@ pub async fn switch_to(db: &Db, projection: &str, generation: i64) -> Result<(),
         Some(other) => return Err(RebuildError::State(format!("generation {generation} is {other}, not ready"))),
         None => return Err(RebuildError::State(format!("no generation {generation}"))),
     }
-    let run = |sql: &'static str, a: &'static str, b: &'static str| {
-        sqlx::query(sql).bind(a).bind(now).bind(projection).bind(b)
-    };
+    let run = |sql: &'static str, a: &'static str, b: &'static str| sqlx::query(sql).bind(a).bind(now).bind(projection).bind(b);
     run("UPDATE projection_generations SET state = $1, updated_at_ms = $2 WHERE projection = $3 AND state = $4", ARCHIVED, RETIRED)
         .execute(&mut *tx)
         .await
@@ -243,14 +240,16 @@ pub async fn switch_to(db: &Db, projection: &str, generation: i64) -> Result<(),
         .execute(&mut *tx)
         .await
         .map_err(StoreError::from)?;
-    sqlx::query("UPDATE projection_generations SET state = $1, switched_at_ms = $2, updated_at_ms = $2 WHERE projection = $3 AND generation = $4")
-        .bind(ACTIVE)
-        .bind(now)
-        .bind(projection)
-        .bind(generation)
-        .execute(&mut *tx)
-        .await
-        .map_err(StoreError::from)?;
+    sqlx::query(
+        "UPDATE projection_generations SET state = $1, switched_at_ms = $2, updated_at_ms = $2 WHERE projection = $3 AND generation = $4",
+    )
+    .bind(ACTIVE)
+    .bind(now)
+    .bind(projection)
+    .bind(generation)
+    .execute(&mut *tx)
+    .await
+    .map_err(StoreError::from)?;
     sqlx::query("UPDATE active_generations SET generation = $1 WHERE projection = $2")
         .bind(generation)
         .bind(projection)

@@ -99,7 +99,8 @@ pub async fn record_live_start(db: &Db, projection: &str, topic: &str, starts: &
         return Ok(());
     }
     let mut tx = db.begin().await?;
-    let sql = format!("SELECT generation FROM projection_generations WHERE projection = $1 AND {}", herald_store::generations::live_states_sql());
+    let sql =
+        format!("SELECT generation FROM projection_generations WHERE projection = $1 AND {}", herald_store::generations::live_states_sql());
     let live: Vec<i64> = sqlx::query(&sql)
         .bind(projection)
         .fetch_all(&mut *tx)

@@ -128,14 +128,23 @@ pub async fn rebuild<P: Projection>(
             Opened::Generation(g) => g,
             Opened::Planned(positions) => {
                 let to_replay = positions.iter().map(|p| u64::try_from(p.boundary_offset - p.next_offset).unwrap_or(0)).sum();
-                return Ok(report::<P>(0, previous_active, "planned", options, ReplayProgress { total: to_replay, ..Default::default() }, true));
+                return Ok(report::<P>(
+                    0,
+                    previous_active,
+                    "planned",
+                    options,
+                    ReplayProgress { total: to_replay, ..Default::default() },
+                    true,
+                ));
             }
         },
     };
     let generation = opened.generation;
     let verb = if resumed { "resuming" } else { "building" };
     progress.phase(&format!("{} {verb} generation {generation}: replaying to the boundary", P::NAME));
-    let replayed = replay::replay(db, projection, &options.brokers, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p)).await?;
+    let replayed =
+        replay::replay(db, projection, &options.brokers, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p))
+            .await?;
     let mut report = report::<P>(generation, previous_active, BUILDING, options, replayed, false);
     report.resumed = resumed;
     report.offline = opened.boundary_mode.as_deref() == Some("offline");
@@ -165,7 +174,14 @@ pub async fn rebuild<P: Projection>(
     Ok(report)
 }
 
-fn report<P: Projection>(generation: i64, previous_active: i64, state: &str, options: &RebuildOptions, replayed: ReplayProgress, dry_run: bool) -> RebuildReport {
+fn report<P: Projection>(
+    generation: i64,
+    previous_active: i64,
+    state: &str,
+    options: &RebuildOptions,
+    replayed: ReplayProgress,
+    dry_run: bool,
+) -> RebuildReport {
     RebuildReport {
         projection: P::NAME.to_owned(),
         generation,
@@ -232,13 +248,22 @@ async fn verified<P: Projection>(db: &Db, projection: &P, opened: &Generation, a
     let detail = match (opened.boundary_mode.as_deref(), opened.settled_before_ms) {
         (Some("offline"), Some(settled)) => match projection.verify_source(db, generation, settled).await? {
             None => {
-                let why = format!("offline: {} declares no source of truth to verify against; check, then `herald rebuild switch {}`", P::NAME, P::NAME);
+                let why = format!(
+                    "offline: {} declares no source of truth to verify against; check, then `herald rebuild switch {}`",
+                    P::NAME,
+                    P::NAME
+                );
                 return Ok(Verified::Unverifiable(new.rows, why));
             }
             Some(problems) if problems.is_empty() => None,
-            Some(problems) => Some(format!("{} problem(s) against the source of truth: {}", problems.len(), problems.iter().take(5).cloned().collect::<Vec<_>>().join("; "))),
+            Some(problems) => Some(format!(
+                "{} problem(s) against the source of truth: {}",
+                problems.len(),
+                problems.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+            )),
         },
-        _ => (old != new).then(|| format!("{} rows vs {} in the active generation (checksums {} / {})", new.rows, old.rows, new.checksum, old.checksum)),
+        _ => (old != new)
+            .then(|| format!("{} rows vs {} in the active generation (checksums {} / {})", new.rows, old.rows, new.checksum, old.checksum)),
     };
     if let Some(detail) = detail {
         generations::set_state(db, P::NAME, generation, FAILED, Some(&detail)).await?;
@@ -252,7 +277,12 @@ async fn verified<P: Projection>(db: &Db, projection: &P, opened: &Generation, a
 /// retained records and nothing, if they still include everything the active
 /// generation was built from; a snapshot's documents and positions, if one
 /// is given (and covers what is gone); otherwise a refusal naming the gap.
-async fn plan<P: Projection>(db: &Db, options: &RebuildOptions, active: i64, watermarks: &[Position]) -> Result<(Vec<Position>, Vec<DocumentRow>), RebuildError> {
+async fn plan<P: Projection>(
+    db: &Db,
+    options: &RebuildOptions,
+    active: i64,
+    watermarks: &[Position],
+) -> Result<(Vec<Position>, Vec<DocumentRow>), RebuildError> {
     if let Some(path) = &options.from_snapshot {
         let snapshot = Snapshot::decode(&tokio::fs::read(path).await?)?;
         let starts = snapshot::starts(&snapshot, P::NAME, &options.topic, watermarks)?;
@@ -270,7 +300,8 @@ async fn plan<P: Projection>(db: &Db, options: &RebuildOptions, active: i64, wat
 
 /// The database's clock.
 async fn db_now(db: &Db) -> Result<i64, RebuildError> {
-    let row = sqlx::query(&format!("SELECT {} AS now_ms", db.now_sql())).fetch_one(db.pool()).await.map_err(herald_store::StoreError::from)?;
+    let row =
+        sqlx::query(&format!("SELECT {} AS now_ms", db.now_sql())).fetch_one(db.pool()).await.map_err(herald_store::StoreError::from)?;
     Ok(row.try_get("now_ms").map_err(herald_store::StoreError::from)?)
 }
 

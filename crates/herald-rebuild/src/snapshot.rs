@@ -77,7 +77,10 @@ impl Snapshot {
         let body = bytes[split + 1..].strip_suffix(b"\n").unwrap_or(&bytes[split + 1..]);
         let actual = hex(body);
         if actual != header.sha256 {
-            return Err(bad(format!("checksum mismatch: the file says {}, its content hashes to {actual}; the snapshot is corrupted or was altered", header.sha256)));
+            return Err(bad(format!(
+                "checksum mismatch: the file says {}, its content hashes to {actual}; the snapshot is corrupted or was altered",
+                header.sha256
+            )));
         }
         serde_json::from_slice(body).map_err(|e| bad(format!("body: {e}")))
     }
@@ -120,8 +123,11 @@ async fn read_active(db: &Db, projection: &str) -> Result<(i64, Vec<DocumentRow>
     if db.backend() == Backend::Postgres {
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").execute(&mut *tx).await?;
     }
-    let generation: i64 =
-        sqlx::query("SELECT generation FROM active_generations WHERE projection = $1").bind(projection).fetch_one(&mut *tx).await?.try_get("generation")?;
+    let generation: i64 = sqlx::query("SELECT generation FROM active_generations WHERE projection = $1")
+        .bind(projection)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("generation")?;
     let rows = sqlx::query(
         "SELECT job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms \
          FROM search_documents WHERE generation = $1 ORDER BY job_id",
@@ -152,7 +158,12 @@ async fn read_active(db: &Db, projection: &str) -> Result<(i64, Vec<DocumentRow>
 /// Where a rebuild from `snapshot` starts on each partition (`boundary`
 /// holds the low and high watermarks): the snapshot's position, which must
 /// still be retained and not be ahead of the broker.
-pub fn starts(snapshot: &Snapshot, projection: &str, topic: &str, boundary: &[generations::Position]) -> Result<Vec<generations::Position>, RebuildError> {
+pub fn starts(
+    snapshot: &Snapshot,
+    projection: &str,
+    topic: &str,
+    boundary: &[generations::Position],
+) -> Result<Vec<generations::Position>, RebuildError> {
     let bad = |m: String| RebuildError::Snapshot(m);
     if snapshot.projection != projection || snapshot.topic != topic {
         return Err(bad(format!("snapshot is of {} on {}, not {projection} on {topic}", snapshot.projection, snapshot.topic)));
@@ -170,7 +181,10 @@ pub fn starts(snapshot: &Snapshot, projection: &str, topic: &str, boundary: &[ge
                 )));
             }
             if at > b.boundary_offset {
-                return Err(bad(format!("snapshot is ahead of the broker: {topic} partition {} at offset {at}, end is {}", b.partition, b.boundary_offset)));
+                return Err(bad(format!(
+                    "snapshot is ahead of the broker: {topic} partition {} at offset {at}, end is {}",
+                    b.partition, b.boundary_offset
+                )));
             }
             Ok(generations::Position { partition: b.partition, next_offset: at, boundary_offset: b.boundary_offset })
         })

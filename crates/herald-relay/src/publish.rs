@@ -26,10 +26,7 @@ use crate::PublishError;
 /// returns; a relay that stops gives up on them and they are republished.
 pub fn producer_config(brokers: &str) -> ClientConfig {
     let mut config = herald_kafka::producer_config(brokers);
-    config
-        .set("message.timeout.ms", "0")
-        .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", "1048576");
+    config.set("message.timeout.ms", "0").set("queue.buffering.max.messages", "1000000").set("queue.buffering.max.kbytes", "1048576");
     config
 }
 
@@ -86,9 +83,7 @@ async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, 
         Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
     };
     loop {
-        let record = FutureRecord::to(&row.event.topic)
-            .key(row.event.partition_key.as_str())
-            .message_record(&message);
+        let record = FutureRecord::to(&row.event.topic).key(row.event.partition_key.as_str()).message_record(&message);
         match producer.send_result(record) {
             Ok(delivery) => {
                 return async move {

@@ -52,7 +52,8 @@ impl Relay {
     pub async fn run(&self, shutdown: CancellationToken) {
         let config = &self.shared.config;
         info!(owner = %config.owner, batch = config.batch_size, lease_ms = config.lease_ms(), "relay started");
-        let listener = tokio::spawn(wake::listen(self.shared.db.clone(), self.shared.wake.clone(), self.shared.stats.clone(), shutdown.child_token()));
+        let listener =
+            tokio::spawn(wake::listen(self.shared.db.clone(), self.shared.wake.clone(), self.shared.stats.clone(), shutdown.child_token()));
         let mut held: HashMap<i32, Held> = HashMap::new();
         let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
         let mut tick = tokio::time::interval(config.renew_every);

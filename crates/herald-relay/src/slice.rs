@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use herald_store::relay::{self as store, Claim, Cursor, Fence, Setback};
 use herald_store::outbox::{self, OutboxRow};
+use herald_store::relay::{self as store, Claim, Cursor, Fence, Setback};
 use herald_store::{Backend, now_ms};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -31,7 +31,14 @@ pub(crate) enum End {
 }
 
 pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationToken) -> End {
-    let mut worker = Worker { wake: shared.wake.subscribe(), persisted: claim.cursor.clone(), cursor: claim.cursor.clone(), idle: shared.config.idle_min, shared, claim };
+    let mut worker = Worker {
+        wake: shared.wake.subscribe(),
+        persisted: claim.cursor.clone(),
+        cursor: claim.cursor.clone(),
+        idle: shared.config.idle_min,
+        shared,
+        claim,
+    };
     let end = worker.work(&stop).await;
     if end == End::Released {
         if let Err(e) = store::release(&worker.shared.db, &worker.claim.token).await {
@@ -109,7 +116,8 @@ impl Worker {
             return self.unrecorded();
         }
         let started = Instant::now();
-        let recorded = store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await;
+        let recorded =
+            store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await;
         RelayStats::time(&self.shared.stats.record_us, started);
         match recorded {
             Ok(Fence::Held) => {

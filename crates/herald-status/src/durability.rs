@@ -182,8 +182,20 @@ mod tests {
             ("cleanup.policy", Some("delete")),
         ];
         let c = TopicConfigs::from_entries(entries);
-        assert_eq!(c, TopicConfigs { min_insync_replicas: Some(2), retention_ms: Some(604_800_000), retention_bytes: None, unclean_leader_election_enable: Some(false) });
-        let c = TopicConfigs::from_entries([("retention.bytes", Some("1073741824")), ("min.insync.replicas", Some("x")), ("retention.ms", None)]);
+        assert_eq!(
+            c,
+            TopicConfigs {
+                min_insync_replicas: Some(2),
+                retention_ms: Some(604_800_000),
+                retention_bytes: None,
+                unclean_leader_election_enable: Some(false)
+            }
+        );
+        let c = TopicConfigs::from_entries([
+            ("retention.bytes", Some("1073741824")),
+            ("min.insync.replicas", Some("x")),
+            ("retention.ms", None),
+        ]);
         assert_eq!((c.retention_bytes, c.min_insync_replicas, c.retention_ms), (Some(1_073_741_824), None, None));
     }
 

@@ -238,7 +238,9 @@ impl Sample {
     pub fn of(status: &Status, previous: Option<(i64, i64)>) -> Sample {
         let appended = status.records_appended();
         let events_per_sec = match (previous, appended) {
-            (Some((at, before)), Some(now)) if status.at_ms > at => Some((now - before).max(0) as f64 * 1000.0 / (status.at_ms - at) as f64),
+            (Some((at, before)), Some(now)) if status.at_ms > at => {
+                Some((now - before).max(0) as f64 * 1000.0 / (status.at_ms - at) as f64)
+            }
             _ => None,
         };
         Sample {

@@ -49,7 +49,13 @@ type Watermarks = (i32, i64, i64);
 impl KafkaProbe {
     /// A probe of `topics` and of the groups `<group_prefix>.<subscription>`
     /// on the events topic. Nothing is sent yet; `timeout` bounds each call.
-    pub fn new(brokers: &str, topics: &Topics, group_prefix: &str, subscriptions: &[&str], timeout: Duration) -> Result<KafkaProbe, KafkaError> {
+    pub fn new(
+        brokers: &str,
+        topics: &Topics,
+        group_prefix: &str,
+        subscriptions: &[&str],
+        timeout: Duration,
+    ) -> Result<KafkaProbe, KafkaError> {
         let client = |group: &str| -> Result<BaseConsumer, KafkaError> {
             ClientConfig::new()
                 .set("bootstrap.servers", brokers)
@@ -81,18 +87,12 @@ impl KafkaProbe {
     /// left unknown; everything else failing fails the whole.
     pub async fn collect(&self) -> Result<KafkaFigures, StatusError> {
         let inner = self.inner.clone();
-        let read = tokio::task::spawn_blocking(move || inner.collect())
-            .await
-            .map_err(|e| StatusError::Probe(e.to_string()))??;
+        let read = tokio::task::spawn_blocking(move || inner.collect()).await.map_err(|e| StatusError::Probe(e.to_string()))??;
         let topics = &self.inner.topics;
         let configs = self.inner.configs.describe(topics, read.broker).await;
         let mut figures = read.figures;
-        figures.topics = topics
-            .iter()
-            .zip(read.replicas)
-            .zip(configs)
-            .map(|((topic, parts), c)| TopicDurability::of(topic, &parts, c))
-            .collect();
+        figures.topics =
+            topics.iter().zip(read.replicas).zip(configs).map(|((topic, parts), c)| TopicDurability::of(topic, &parts, c)).collect();
         Ok(figures)
     }
 }

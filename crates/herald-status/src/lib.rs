@@ -27,8 +27,8 @@ pub mod queries;
 pub mod text;
 mod topics;
 
-pub use error::StatusError;
 pub use durability::{Risk, TopicDurability};
+pub use error::StatusError;
 pub use figures::{Sample, Status};
 pub use lag::KafkaProbe;
 pub use monitor::{Monitor, MonitorConfig};
@@ -51,7 +51,9 @@ pub async fn collect(db: &herald_store::Db, probe: Option<&KafkaProbe>, subscrip
     match kafka {
         Some(Ok(kafka)) => status.apply_kafka(kafka),
         Some(Err(e)) => status.kafka_error = Some(e.to_string()),
-        None => status.kafka_error = Some("no broker given (--kafka or HERALD_KAFKA_BROKERS): lag and topic durability not measured".into()),
+        None => {
+            status.kafka_error = Some("no broker given (--kafka or HERALD_KAFKA_BROKERS): lag and topic durability not measured".into())
+        }
     }
     Ok(status)
 }

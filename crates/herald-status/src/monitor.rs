@@ -28,7 +28,11 @@ pub struct MonitorConfig {
 impl MonitorConfig {
     /// Every second, the last five minutes.
     pub fn new(subscriptions: &[&str]) -> MonitorConfig {
-        MonitorConfig { subscriptions: subscriptions.iter().map(|s| (*s).to_owned()).collect(), interval: Duration::from_secs(1), history: 300 }
+        MonitorConfig {
+            subscriptions: subscriptions.iter().map(|s| (*s).to_owned()).collect(),
+            interval: Duration::from_secs(1),
+            history: 300,
+        }
     }
 }
 

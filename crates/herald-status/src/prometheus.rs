@@ -71,7 +71,9 @@ fn secs(ms: i64) -> f64 {
 
 fn record_status(s: &Status) {
     let o = &s.outbox;
-    for (status, n) in [("pending", o.pending), ("retryable_failed", o.retryable_failed), ("failed", o.failed), ("dead_lettered", o.dead_lettered)] {
+    for (status, n) in
+        [("pending", o.pending), ("retryable_failed", o.retryable_failed), ("failed", o.failed), ("dead_lettered", o.dead_lettered)]
+    {
         gauge!("herald_outbox_rows", "status" => status).set(n as f64);
     }
     gauge!("herald_outbox_backlog").set(o.backlog as f64);
@@ -191,7 +193,12 @@ mod tests {
         use crate::figures::KafkaFigures;
         let registry = Registry::new()?;
         let p = |replicas, in_sync, leader| PartitionReplicas { replicas, in_sync, leader };
-        let configs = TopicConfigs { min_insync_replicas: Some(1), retention_ms: Some(-1), retention_bytes: Some(4096), unclean_leader_election_enable: Some(true) };
+        let configs = TopicConfigs {
+            min_insync_replicas: Some(1),
+            retention_ms: Some(-1),
+            retention_bytes: Some(4096),
+            unclean_leader_election_enable: Some(true),
+        };
         let s = Status {
             kafka: Some(KafkaFigures {
                 topics: vec![

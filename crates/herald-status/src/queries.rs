@@ -51,7 +51,9 @@ async fn counts(db: &Db, sql: &str) -> Result<BTreeMap<String, i64>, StoreError>
 pub async fn outbox(db: &Db, now_ms: i64) -> Result<Outbox, StoreError> {
     let mut out = Outbox::default();
     let mut oldest: Option<i64> = None;
-    for r in rows(db, "SELECT status, COUNT(*) AS n, MIN(created_at_ms) AS oldest FROM outbox WHERE status <> 'delivered' GROUP BY status").await? {
+    for r in rows(db, "SELECT status, COUNT(*) AS n, MIN(created_at_ms) AS oldest FROM outbox WHERE status <> 'delivered' GROUP BY status")
+        .await?
+    {
         let (status, n): (String, i64) = (r.try_get("status")?, r.try_get("n")?);
         let first: Option<i64> = r.try_get("oldest")?;
         match status.as_str() {
@@ -79,12 +81,7 @@ pub async fn relay_claims(db: &Db) -> Result<RelayClaims, StoreError> {
     )
     .await?;
     let live = counts(db, &format!("SELECT 'live' AS k, COUNT(*) AS n FROM relay_members WHERE expires_at_ms > {now}")).await?;
-    Ok(RelayClaims {
-        slices: slices.values().sum(),
-        active_claims: by_owner.values().sum(),
-        live_relays: live.values().sum(),
-        by_owner,
-    })
+    Ok(RelayClaims { slices: slices.values().sum(), active_claims: by_owner.values().sum(), live_relays: live.values().sum(), by_owner })
 }
 
 /// Inbox rows, dead letters and parked keys of each named subscription (its
@@ -161,7 +158,11 @@ pub async fn jobs(db: &Db, now_ms: i64) -> Result<Jobs, StoreError> {
 /// Every generation of every projection, oldest first, and which serves reads.
 pub async fn generations(db: &Db) -> Result<Vec<GenerationFigures>, StoreError> {
     let per_generation = |sql: &'static str| async move {
-        rows(db, sql).await?.iter().map(|r| Ok((r.try_get("generation")?, r.try_get("n")?))).collect::<Result<BTreeMap<i64, i64>, StoreError>>()
+        rows(db, sql)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get("generation")?, r.try_get("n")?)))
+            .collect::<Result<BTreeMap<i64, i64>, StoreError>>()
     };
     let documents = per_generation("SELECT generation, COUNT(*) AS n FROM search_documents GROUP BY generation").await?;
     let counters = per_generation("SELECT generation, COUNT(*) AS n FROM stats_counters GROUP BY generation").await?;

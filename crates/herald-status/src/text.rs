@@ -36,7 +36,12 @@ fn parked_keys(out: &mut String, s: &Status) {
             let _ = writeln!(
                 out,
                 "     key {} ({}/{} from @{}): {} record(s), parked {}, behind {letter}",
-                k.key, k.topic, k.partition, k.first_offset, k.records, duration(k.age_ms)
+                k.key,
+                k.topic,
+                k.partition,
+                k.first_offset,
+                k.records,
+                duration(k.age_ms)
             );
         }
         if sub.parked_keys > sub.oldest_parked.len() as i64 {
@@ -53,7 +58,11 @@ pub fn render(s: &Status) -> String {
     let _ = writeln!(out, "herald status ({})", s.backend);
     let _ = writeln!(out, "\nOUTBOX");
     let _ = writeln!(out, "  backlog {:>8}   oldest pending {}", o.backlog, opt_duration(o.oldest_pending_age_ms));
-    let _ = writeln!(out, "  pending {:>8}   retryable_failed {}   failed {}   dead_lettered {}", o.pending, o.retryable_failed, o.failed, o.dead_lettered);
+    let _ = writeln!(
+        out,
+        "  pending {:>8}   retryable_failed {}   failed {}   dead_lettered {}",
+        o.pending, o.retryable_failed, o.failed, o.dead_lettered
+    );
     if o.failed + o.dead_lettered > 0 {
         let _ = writeln!(out, "  !! {} rows set aside: herald outbox list --status failed|dead_lettered", o.failed + o.dead_lettered);
     }
@@ -64,7 +73,11 @@ pub fn render(s: &Status) -> String {
         let _ = writeln!(out, "  {owner:<40} {n:>3} slices");
     }
     let _ = writeln!(out, "\nSUBSCRIPTIONS");
-    let _ = writeln!(out, "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9} {:>7}", "name", "group", "lag", "inbox", "dead letters", "redriven", "parked");
+    let _ = writeln!(
+        out,
+        "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9} {:>7}",
+        "name", "group", "lag", "inbox", "dead letters", "redriven", "parked"
+    );
     for sub in &s.subscriptions {
         let lag = sub.lag.map_or_else(|| "?".into(), |l| l.to_string());
         let group = sub.group.as_deref().unwrap_or("-");
@@ -161,7 +174,11 @@ fn topic_notes(out: &mut String, t: &TopicDurability) {
         let _ = writeln!(out, "  !! {}: {} {}: {}", t.topic, r.setting, r.value, r.reason);
     }
     if t.under_replicated_partitions > 0 {
-        let _ = writeln!(out, "  !! {}: under-replicated partitions {}: fewer in-sync replicas than replicas, a broker is down or behind", t.topic, t.under_replicated_partitions);
+        let _ = writeln!(
+            out,
+            "  !! {}: under-replicated partitions {}: fewer in-sync replicas than replicas, a broker is down or behind",
+            t.topic, t.under_replicated_partitions
+        );
     }
     if t.leaderless_partitions > 0 {
         let _ = writeln!(out, "  !! {}: partitions without a leader {}: writes to them fail", t.topic, t.leaderless_partitions);
@@ -200,7 +217,12 @@ mod tests {
         use crate::durability::{PartitionReplicas, TopicConfigs};
         use crate::figures::KafkaFigures;
         let p = |replicas, in_sync, leader| PartitionReplicas { replicas, in_sync, leader };
-        let safe = TopicConfigs { min_insync_replicas: Some(2), retention_ms: Some(604_800_000), unclean_leader_election_enable: Some(false), ..TopicConfigs::default() };
+        let safe = TopicConfigs {
+            min_insync_replicas: Some(2),
+            retention_ms: Some(604_800_000),
+            unclean_leader_election_enable: Some(false),
+            ..TopicConfigs::default()
+        };
         let s = Status {
             kafka: Some(KafkaFigures {
                 topics: vec![
@@ -212,7 +234,13 @@ mod tests {
             ..Status::default()
         };
         let text = render(&s);
-        let row = |name: &str| text.lines().find(|l| l.trim_start().starts_with(name) && !l.contains(':')).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+        let row = |name: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with(name) && !l.contains(':'))
+                .unwrap_or_default()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+        };
         assert_eq!(row("export.commands"), ["export.commands", "2", "3", "2", "7d", "false", "1", "0"], "{text}");
         assert_eq!(row("export.events"), ["export.events", "1", "1", "?", "?", "?", "0", "1"], "{text}");
         for note in [

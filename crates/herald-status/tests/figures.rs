@@ -24,7 +24,14 @@ async fn exec(db: &Db, sql: &str) -> anyhow::Result<()> {
 
 /// Rows whose figures are known: see each assertion of `figures_match_the_rows`.
 async fn seed(db: &Db) -> anyhow::Result<()> {
-    let outbox = [("e1", "pending", 5_000), ("e2", "pending", 3_000), ("e3", "retryable_failed", 8_000), ("e4", "failed", 60_000), ("e5", "delivered", 90_000), ("e6", "delivered", 1_000)];
+    let outbox = [
+        ("e1", "pending", 5_000),
+        ("e2", "pending", 3_000),
+        ("e3", "retryable_failed", 8_000),
+        ("e4", "failed", 60_000),
+        ("e5", "delivered", 90_000),
+        ("e6", "delivered", 1_000),
+    ];
     for (id, status, age) in outbox {
         sqlx::query(
             "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, data, topic, partition_key, status, created_at_ms) \
@@ -39,7 +46,9 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
     }
     // Leases against the database's clock: far future is held, 0 expired.
     let future = herald_store::now_ms() + 3_600_000;
-    for (slice, owner, expires) in [(0, "relay-a", future), (1, "relay-a", future), (2, "relay-a", future), (3, "relay-b", future), (4, "relay-c", 0)] {
+    for (slice, owner, expires) in
+        [(0, "relay-a", future), (1, "relay-a", future), (2, "relay-a", future), (3, "relay-b", future), (4, "relay-c", 0)]
+    {
         sqlx::query("UPDATE relay_slices SET claim_owner = $1, claim_token = 't', claim_expires_at_ms = $2 WHERE slice = $3")
             .bind(owner)
             .bind(expires)
@@ -48,7 +57,11 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
             .await?;
     }
     for (owner, expires) in [("relay-a", future), ("relay-b", future), ("relay-c", 0)] {
-        sqlx::query("INSERT INTO relay_members (owner, expires_at_ms) VALUES ($1, $2)").bind(owner).bind(expires).execute(db.pool()).await?;
+        sqlx::query("INSERT INTO relay_members (owner, expires_at_ms) VALUES ($1, $2)")
+            .bind(owner)
+            .bind(expires)
+            .execute(db.pool())
+            .await?;
     }
     // A rebuild's scope (search@g2) is not the live subscription's.
     for (i, scope) in ["search", "search", "stats", "search@g2", "search@g2", "search@g2"].iter().enumerate() {
@@ -58,7 +71,8 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
             .execute(db.pool())
             .await?;
     }
-    for (offset, (scope, status)) in [("search", "dead"), ("search", "redriven"), ("notify", "dead"), ("notify", "dead")].iter().enumerate() {
+    for (offset, (scope, status)) in [("search", "dead"), ("search", "redriven"), ("notify", "dead"), ("notify", "dead")].iter().enumerate()
+    {
         sqlx::query(
             "INSERT INTO dead_letters (subscription, topic, kafka_partition, kafka_offset, headers, error, attempts, status, created_at_ms, updated_at_ms) \
              VALUES ($1, 't', 0, $2, '[]', 'bad', 1, $3, 0, 0)",
@@ -104,7 +118,14 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
     let job = "INSERT INTO export_jobs (job_id, caller, format, query, status, version, created_at_ms, updated_at_ms, completed_at_ms) VALUES ($1, 'alice', 'csv', 'q', $2, 1, $3, $4, $5)";
     for i in 1..=10i64 {
         let created = NOW - 100_000 + i * 1_000;
-        sqlx::query(job).bind(format!("s{i}")).bind("succeeded").bind(created).bind(created + i * 100).bind(created + i * 100).execute(db.pool()).await?;
+        sqlx::query(job)
+            .bind(format!("s{i}"))
+            .bind("succeeded")
+            .bind(created)
+            .bind(created + i * 100)
+            .bind(created + i * 100)
+            .execute(db.pool())
+            .await?;
     }
     let failed = "INSERT INTO export_jobs (job_id, caller, format, query, status, version, created_at_ms, updated_at_ms) VALUES ($1, 'alice', 'csv', 'q', $2, 1, $3, $4)";
     sqlx::query(failed).bind("f1").bind("failed").bind(NOW - 50_000).bind(NOW - 48_000).execute(db.pool()).await?;
@@ -143,7 +164,8 @@ async fn figures_match_the_rows(test_db: TestDb) -> anyhow::Result<()> {
     assert_eq!((r.slices, r.active_claims, r.live_relays), (16, 4, 2));
     assert_eq!(r.by_owner, [("relay-a".to_owned(), 3), ("relay-b".to_owned(), 1)].into());
 
-    let subs: Vec<(&str, i64, i64, i64)> = s.subscriptions.iter().map(|x| (x.name.as_str(), x.inbox_rows, x.dead_letters, x.redriven)).collect();
+    let subs: Vec<(&str, i64, i64, i64)> =
+        s.subscriptions.iter().map(|x| (x.name.as_str(), x.inbox_rows, x.dead_letters, x.redriven)).collect();
     assert_eq!(subs, [("search", 2, 1, 1), ("stats", 1, 1, 0), ("notify", 0, 2, 0)]);
     let parked: Vec<(i64, i64)> = s.subscriptions.iter().map(|x| (x.parked_keys, x.parked_records)).collect();
     assert_eq!(parked, [(0, 0), (2, 4), (0, 0)]);
@@ -156,7 +178,10 @@ async fn figures_match_the_rows(test_db: TestDb) -> anyhow::Result<()> {
     assert_eq!(s.notifications.by_status, [("pending".to_owned(), 1), ("sent".to_owned(), 2), ("unknown".to_owned(), 1)].into());
 
     let j = &s.jobs;
-    assert_eq!(j.by_status, [("failed".to_owned(), 1), ("pending".to_owned(), 2), ("running".to_owned(), 1), ("succeeded".to_owned(), 10)].into());
+    assert_eq!(
+        j.by_status,
+        [("failed".to_owned(), 1), ("pending".to_owned(), 2), ("running".to_owned(), 1), ("succeeded".to_owned(), 10)].into()
+    );
     assert_eq!((j.open, j.oldest_open_age_ms), (3, Some(9_000)));
     // 100, 200 … 1000 and 2000: nearest rank 6 of 11, 10 of 11, 11 of 11.
     let l = &j.latency;
@@ -167,7 +192,8 @@ async fn figures_match_the_rows(test_db: TestDb) -> anyhow::Result<()> {
     assert_eq!(generations, [("search", 1, "active", true, 3), ("search", 2, "building", false, 1), ("stats", 1, "active", true, 2)]);
 
     // The histogram's feed: jobs finished after a time, each with its latency.
-    let mut recent: Vec<(String, i64)> = queries::finished_since(&db, NOW - 91_000).await?.into_iter().map(|f| (f.job_id, f.latency_ms)).collect();
+    let mut recent: Vec<(String, i64)> =
+        queries::finished_since(&db, NOW - 91_000).await?.into_iter().map(|f| (f.job_id, f.latency_ms)).collect();
     recent.sort();
     assert_eq!(recent, [("f1".to_owned(), 2_000), ("s10".to_owned(), 1_000), ("s9".to_owned(), 900)]);
     Ok(())
@@ -202,7 +228,8 @@ async fn lag_is_end_minus_committed_on_the_real_broker() -> anyhow::Result<()> {
 
     let prefix = herald_testkit::unique("herald");
     let commit = |group: &str, offsets: &[(i32, i64)]| -> anyhow::Result<()> {
-        let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).set("group.id", format!("{prefix}.{group}")).create()?;
+        let consumer: BaseConsumer =
+            ClientConfig::new().set("bootstrap.servers", &brokers).set("group.id", format!("{prefix}.{group}")).create()?;
         let mut tpl = TopicPartitionList::new();
         for (partition, offset) in offsets {
             tpl.add_partition_offset(&topics.events, *partition, Offset::Offset(*offset))?;
@@ -294,7 +321,10 @@ async fn one_replica_is_flagged_with_its_reasons() -> anyhow::Result<()> {
         let reasons: Vec<(&str, &str)> = t.risks.iter().map(|r| (r.setting.as_str(), r.reason.as_str())).collect();
         assert_eq!(
             reasons,
-            [("replication.factor", "a broker's disk loss can lose acknowledged events"), ("min.insync.replicas", "an acks=all write is acknowledged by one replica")]
+            [
+                ("replication.factor", "a broker's disk loss can lose acknowledged events"),
+                ("min.insync.replicas", "an acks=all write is acknowledged by one replica")
+            ]
         );
     }
 
@@ -308,7 +338,10 @@ async fn one_replica_is_flagged_with_its_reasons() -> anyhow::Result<()> {
     let monitor = Monitor::new(db, Some(probe), MonitorConfig::new(&SUBSCRIPTIONS))?;
     monitor.refresh().await?;
     let metrics = monitor.prometheus();
-    for line in [format!("herald_topic_replication_factor{{topic=\"{}\"}} 1", topics.events), format!("herald_topic_durability_risks{{topic=\"{}\"}} 2", topics.commands)] {
+    for line in [
+        format!("herald_topic_replication_factor{{topic=\"{}\"}} 1", topics.events),
+        format!("herald_topic_durability_risks{{topic=\"{}\"}} 2", topics.commands),
+    ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}`:\n{metrics}");
     }
     Ok(())

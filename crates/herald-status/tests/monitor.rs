@@ -35,7 +35,12 @@ async fn refreshes_keep_a_bounded_history_and_show_failures() -> anyhow::Result<
     assert_eq!(json["status"]["jobs"]["by_status"]["succeeded"], 1);
     assert!(json["error"].is_null());
     let metrics = monitor.prometheus();
-    for line in ["herald_relay_rows_delivered_total 7", "herald_export_latency_seconds_count 1", "herald_export_jobs{status=\"succeeded\"} 1", "herald_kafka_up 0"] {
+    for line in [
+        "herald_relay_rows_delivered_total 7",
+        "herald_export_latency_seconds_count 1",
+        "herald_export_jobs{status=\"succeeded\"} 1",
+        "herald_kafka_up 0",
+    ] {
         assert!(metrics.lines().any(|l| l == line), "missing `{line}`:\n{metrics}");
     }
 

@@ -29,22 +29,21 @@ impl Db {
     pub async fn connect(url: &str) -> Result<Db, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = backend_of(url)?;
-        let options = AnyConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))?;
+        let options = AnyConnectOptions::from_str(url).map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))?;
         let pool = match backend {
             Backend::Postgres => AnyPoolOptions::new().max_connections(16),
             // SQLite has one writer. One connection per process turns writer
             // contention into queueing instead of SQLITE_BUSY errors midway
             // through a transaction; the embedded default is one process.
-            Backend::Sqlite => AnyPoolOptions::new()
-                .max_connections(1)
-                .after_connect(|conn, _| {
-                    Box::pin(async move {
-                        conn.execute("PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;")
-                            .await?;
-                        Ok(())
-                    })
-                }),
+            Backend::Sqlite => AnyPoolOptions::new().max_connections(1).after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute(
+                        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;",
+                    )
+                    .await?;
+                    Ok(())
+                })
+            }),
         }
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)
@@ -64,10 +63,7 @@ impl Db {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
             Backend::Sqlite => &SQLITE_MIGRATIONS,
         };
-        migrator
-            .run(&self.pool)
-            .await
-            .map_err(|e| StoreError::Config(format!("migration failed: {e}")))
+        migrator.run(&self.pool).await.map_err(|e| StoreError::Config(format!("migration failed: {e}")))
     }
 
     pub fn pool(&self) -> &AnyPool {
@@ -109,9 +105,7 @@ fn backend_of(url: &str) -> Result<Backend, StoreError> {
     } else if url.starts_with("sqlite:") {
         Ok(Backend::Sqlite)
     } else {
-        Err(StoreError::Config(format!(
-            "database URL `{url}` is neither postgres:// nor sqlite://"
-        )))
+        Err(StoreError::Config(format!("database URL `{url}` is neither postgres:// nor sqlite://")))
     }
 }
 

@@ -88,14 +88,8 @@ const COLUMNS: &str = "id, subscription, source, event_id, event_type, topic, ka
 
 /// Dead letters, oldest first, optionally of one subscription and one status.
 pub async fn list(db: &Db, subscription: Option<&str>, status: Option<&str>) -> Result<Vec<DeadLetter>, StoreError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM dead_letters WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR status = $2) ORDER BY id"
-    );
-    let rows = sqlx::query(&sql)
-        .bind(subscription.unwrap_or(""))
-        .bind(status.unwrap_or(""))
-        .fetch_all(db.pool())
-        .await?;
+    let sql = format!("SELECT {COLUMNS} FROM dead_letters WHERE ($1 = '' OR subscription = $1) AND ($2 = '' OR status = $2) ORDER BY id");
+    let rows = sqlx::query(&sql).bind(subscription.unwrap_or("")).bind(status.unwrap_or("")).fetch_all(db.pool()).await?;
     rows.iter().map(row_to_letter).collect()
 }
 
@@ -108,30 +102,28 @@ pub async fn get(db: &Db, id: i64) -> Result<Option<DeadLetter>, StoreError> {
 /// Marks a dead letter redriven inside the transaction that applies it.
 /// `false`: it is no longer dead (another redrive won); apply nothing.
 pub async fn mark_redriven(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4",
-    )
-    .bind(REDRIVEN)
-    .bind(now_ms())
-    .bind(id)
-    .bind(DEAD)
-    .execute(&mut **tx)
-    .await?;
+    let done =
+        sqlx::query("UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4")
+            .bind(REDRIVEN)
+            .bind(now_ms())
+            .bind(id)
+            .bind(DEAD)
+            .execute(&mut **tx)
+            .await?;
     Ok(done.rows_affected() == 1)
 }
 
 /// Marks a dead letter discarded, an operator's act recorded like a redrive
 /// (status, one more attempt, when). `false`: it is no longer dead.
 pub async fn mark_discarded(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4",
-    )
-    .bind(DISCARDED)
-    .bind(now_ms())
-    .bind(id)
-    .bind(DEAD)
-    .execute(&mut **tx)
-    .await?;
+    let done =
+        sqlx::query("UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4")
+            .bind(DISCARDED)
+            .bind(now_ms())
+            .bind(id)
+            .bind(DEAD)
+            .execute(&mut **tx)
+            .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -182,10 +174,7 @@ fn row_to_letter(row: &AnyRow) -> Result<DeadLetter, StoreError> {
 /// Header values are bytes, not text: hex keeps them exact in a TEXT column
 /// that both backends and a human with `psql` can read.
 pub(crate) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
-    let array: Vec<serde_json::Value> = headers
-        .iter()
-        .map(|(k, v)| serde_json::json!([k, v.as_deref().map(hex)]))
-        .collect();
+    let array: Vec<serde_json::Value> = headers.iter().map(|(k, v)| serde_json::json!([k, v.as_deref().map(hex)])).collect();
     serde_json::Value::Array(array).to_string()
 }
 
@@ -195,10 +184,7 @@ type Headers = Vec<(String, Option<Vec<u8>>)>;
 pub(crate) fn decode_headers(text: &str) -> Result<Headers, StoreError> {
     let bad = |why: &str| StoreError::Config(format!("dead_letters.headers is not the expected JSON: {why}"));
     let parsed: Vec<(String, Option<String>)> = serde_json::from_str(text).map_err(|e| bad(&e.to_string()))?;
-    parsed
-        .into_iter()
-        .map(|(k, v)| Ok((k, v.map(|h| unhex(&h).ok_or_else(|| bad("bad hex"))).transpose()?)))
-        .collect()
+    parsed.into_iter().map(|(k, v)| Ok((k, v.map(|h| unhex(&h).ok_or_else(|| bad("bad hex"))).transpose()?))).collect()
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -218,7 +204,8 @@ mod tests {
 
     #[test]
     fn headers_round_trip_bytes_exactly() {
-        let headers = vec![("ce_id".to_owned(), Some(b"abc".to_vec())), ("bin".to_owned(), Some(vec![0, 255, 7])), ("none".to_owned(), None)];
+        let headers =
+            vec![("ce_id".to_owned(), Some(b"abc".to_vec())), ("bin".to_owned(), Some(vec![0, 255, 7])), ("none".to_owned(), None)];
         assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
     }
 }

@@ -26,9 +26,7 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         use sqlx::Error as E;
         match &e {
-            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed | E::Tls(_) => {
-                StoreError::Unavailable(e)
-            }
+            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed | E::Tls(_) => StoreError::Unavailable(e),
             E::Database(db) if is_transient(db.code().as_deref()) => StoreError::Unavailable(e),
             E::Configuration(_) | E::Migrate(_) => StoreError::Config(e.to_string()),
             _ => StoreError::Query(e),

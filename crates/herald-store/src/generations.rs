@@ -101,7 +101,13 @@ pub async fn positions(db: &Db, projection: &str, generation: i64) -> Result<Vec
     .fetch_all(db.pool())
     .await?;
     rows.iter()
-        .map(|r| Ok(Position { partition: r.try_get("kafka_partition")?, next_offset: r.try_get("next_offset")?, boundary_offset: r.try_get("boundary_offset")? }))
+        .map(|r| {
+            Ok(Position {
+                partition: r.try_get("kafka_partition")?,
+                next_offset: r.try_get("next_offset")?,
+                boundary_offset: r.try_get("boundary_offset")?,
+            })
+        })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
 }
@@ -134,7 +140,12 @@ pub async fn active(db: &Db, projection: &str) -> Result<i64, StoreError> {
 
 /// [`advance`] for a replay on sqlx's native PostgreSQL driver: every
 /// partition of the batch in one statement.
-pub async fn advance_pg(conn: &mut sqlx::PgConnection, projection: &str, generation: i64, next: &BTreeMap<i32, i64>) -> Result<(), sqlx::Error> {
+pub async fn advance_pg(
+    conn: &mut sqlx::PgConnection,
+    projection: &str,
+    generation: i64,
+    next: &BTreeMap<i32, i64>,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE generation_positions SET next_offset = u.n FROM UNNEST($1::int4[], $2::int8[]) AS u(p, n) \
          WHERE projection = $3 AND generation = $4 AND kafka_partition = u.p AND next_offset < u.n",

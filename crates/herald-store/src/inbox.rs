@@ -67,11 +67,7 @@ pub struct Entry<'a> {
 /// savepoint; only if a key is already there (a redelivery, a rewind, a
 /// competing member) is the savepoint rolled back and the batch claimed with
 /// `ON CONFLICT DO NOTHING`, which tells which keys were new.
-pub async fn claim_batch(
-    tx: &mut Tx<'_>,
-    subscription: &str,
-    entries: &[Entry<'_>],
-) -> Result<HashSet<EventKey>, StoreError> {
+pub async fn claim_batch(tx: &mut Tx<'_>, subscription: &str, entries: &[Entry<'_>]) -> Result<HashSet<EventKey>, StoreError> {
     let mut sorted: Vec<&Entry<'_>> = entries.iter().collect();
     sorted.sort_by(|a, b| a.key.cmp(b.key));
     let now = now_ms();
@@ -84,9 +80,7 @@ pub async fn claim_batch(
         Err(e) => return Err(e.into()),
     }
     let rows = insert_rows(tx, subscription, &sorted, now, OnConflict::Skip).await?;
-    rows.iter()
-        .map(|row| Ok(EventKey { source: row.try_get("source")?, id: row.try_get("event_id")? }))
-        .collect()
+    rows.iter().map(|row| Ok(EventKey { source: row.try_get("source")?, id: row.try_get("event_id")? })).collect()
 }
 
 #[derive(Clone, Copy)]
@@ -110,9 +104,7 @@ async fn insert_rows(
     };
     let mut inserted = Vec::new();
     for chunk in crate::outbox::statement_chunks(sorted) {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| format!("({})", crate::outbox::placeholders(i * 8 + 1, 8)))
-            .collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", crate::outbox::placeholders(i * 8 + 1, 8))).collect();
         let sql = format!(
             "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, \
              kafka_offset, processed_at_ms) VALUES {}{tail}",
@@ -144,11 +136,7 @@ async fn insert_rows(
 /// canonical source, so dedup rows written before the legacy mapping existed
 /// still match the normalised key. A row whose canonical twin already exists
 /// is a duplicate of it and is dropped. Idempotent; run at subscription start.
-pub async fn normalise_legacy_sources(
-    db: &Db,
-    subscription: &str,
-    aliases: &[(&str, &str)],
-) -> Result<u64, StoreError> {
+pub async fn normalise_legacy_sources(db: &Db, subscription: &str, aliases: &[(&str, &str)]) -> Result<u64, StoreError> {
     let mut tx = db.begin().await?;
     let mut changed = 0;
     for (legacy, canonical) in aliases {
@@ -192,10 +180,7 @@ pub async fn delete_older_than(db: &Db, before_ms: i64, subscription: Option<&st
 
 /// Inbox rows of `subscription`, for reports and tests.
 pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = $1")
-        .bind(subscription)
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = $1").bind(subscription).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
 }
 
@@ -233,7 +218,13 @@ pub async fn claim_batch_pg(
     Ok(insert_pg(conn, scope, topic, entries, tail).await?.into_iter().collect())
 }
 
-async fn insert_pg(conn: &mut sqlx::PgConnection, scope: &str, topic: &str, entries: &[PgEntry<'_>], tail: &str) -> Result<Vec<(String, String)>, sqlx::Error> {
+async fn insert_pg(
+    conn: &mut sqlx::PgConnection,
+    scope: &str,
+    topic: &str,
+    entries: &[PgEntry<'_>],
+    tail: &str,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
     let sql = format!(
         "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) \
          SELECT $1, s, i, t, $2, p, o, $3 FROM UNNEST($4::text[], $5::text[], $6::text[], $7::int4[], $8::int8[]) AS u(s, i, t, p, o){tail}"

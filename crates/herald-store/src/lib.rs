@@ -8,10 +8,10 @@
 //! milliseconds, and the few statements that must differ branch on
 //! [`Backend`].
 
-pub mod dead_letter;
-pub mod generations;
 mod db;
+pub mod dead_letter;
 mod error;
+pub mod generations;
 pub mod inbox;
 pub mod outbox;
 pub mod parked;

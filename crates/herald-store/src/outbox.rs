@@ -67,10 +67,7 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQue
 
 /// Appends `event` inside the caller's transaction; returns its sequence.
 pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreError> {
-    let sql = format!(
-        "INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq",
-        placeholders(1, INSERT_COLUMN_COUNT)
-    );
+    let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq", placeholders(1, INSERT_COLUMN_COUNT));
     let row = bind_row(sqlx::query(&sql), event, now_ms()).fetch_one(&mut **tx).await?;
     Ok(row.try_get("seq")?)
 }
@@ -102,19 +99,13 @@ pub(crate) fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
 
 /// Rows per status, for reports and tests.
 pub async fn count_by_status(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE status = $1")
-        .bind(status)
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE status = $1").bind(status).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
 }
 
 /// `$start, $start+1, …` — sqlx's `Any` driver has no array binds.
 pub fn placeholders(start: usize, count: usize) -> String {
-    (start..start + count)
-        .map(|i| format!("${i}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    (start..start + count).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
 /// One row as an operator lists it.
@@ -178,14 +169,13 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
     let mut tx = db.begin().await?;
     let mut moved = Vec::new();
     for &seq in seqs {
-        let old = sqlx::query(&format!(
-            "DELETE FROM outbox WHERE seq = $1 AND status IN ($2, $3) RETURNING {ROW_COLUMNS}, last_error, slice"
-        ))
-        .bind(seq)
-        .bind(FAILED)
-        .bind(DEAD_LETTERED)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let old =
+            sqlx::query(&format!("DELETE FROM outbox WHERE seq = $1 AND status IN ($2, $3) RETURNING {ROW_COLUMNS}, last_error, slice"))
+                .bind(seq)
+                .bind(FAILED)
+                .bind(DEAD_LETTERED)
+                .fetch_optional(&mut *tx)
+                .await?;
         let Some(old) = old else { continue };
         let row = row_to_outbox(&old)?;
         let last_error: Option<String> = old.try_get("last_error")?;
@@ -217,10 +207,7 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
 
 /// Sequences of every row in `status`, oldest first (for redriving a status).
 pub async fn seqs_with_status(db: &Db, status: &str) -> Result<Vec<i64>, StoreError> {
-    let rows = sqlx::query("SELECT seq FROM outbox WHERE status = $1 ORDER BY seq")
-        .bind(status)
-        .fetch_all(db.pool())
-        .await?;
+    let rows = sqlx::query("SELECT seq FROM outbox WHERE status = $1 ORDER BY seq").bind(status).fetch_all(db.pool()).await?;
     rows.iter().map(|r| Ok(r.try_get("seq")?)).collect()
 }
 
@@ -229,9 +216,8 @@ pub async fn seqs_with_status(db: &Db, status: &str) -> Result<Vec<i64>, StoreEr
 pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in events.chunks(400) {
-        let values: Vec<String> = (0..chunk.len())
-            .map(|i| format!("({})", placeholders(1 + i * INSERT_COLUMN_COUNT, INSERT_COLUMN_COUNT)))
-            .collect();
+        let values: Vec<String> =
+            (0..chunk.len()).map(|i| format!("({})", placeholders(1 + i * INSERT_COLUMN_COUNT, INSERT_COLUMN_COUNT))).collect();
         let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES {}", values.join(", "));
         let mut query = sqlx::query(&sql);
         for event in chunk {

@@ -20,8 +20,8 @@
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::outbox::{self, OutboxRow, ROW_COLUMNS};
 use crate::outbox::placeholders;
+use crate::outbox::{self, OutboxRow, ROW_COLUMNS};
 use crate::{Backend, Db, StoreError};
 
 /// Number of slices. Fixed: a row's slice is computed when it is written,
@@ -166,9 +166,7 @@ pub async fn heartbeat(db: &Db, owner: &str, ttl_ms: i64) -> Result<i64, StoreEr
     .execute(db.pool())
     .await?;
     sqlx::query(&format!("DELETE FROM relay_members WHERE expires_at_ms < {now} - 60000")).execute(db.pool()).await?;
-    let row = sqlx::query(&format!("SELECT COUNT(*) AS n FROM relay_members WHERE expires_at_ms > {now}"))
-        .fetch_one(db.pool())
-        .await?;
+    let row = sqlx::query(&format!("SELECT COUNT(*) AS n FROM relay_members WHERE expires_at_ms > {now}")).fetch_one(db.pool()).await?;
     Ok(row.try_get::<i64, _>("n")?.max(1))
 }
 
@@ -184,9 +182,7 @@ pub async fn leave(db: &Db, owner: &str) -> Result<(), StoreError> {
 pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(Vec<OutboxRow>, Cursor), StoreError> {
     let live = format!("status IN ('{}', '{}')", outbox::PENDING, outbox::RETRYABLE_FAILED);
     if db.backend() == Backend::Sqlite {
-        let sql = format!(
-            "SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 AND seq > $2 AND {live} ORDER BY seq LIMIT $3"
-        );
+        let sql = format!("SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 AND seq > $2 AND {live} ORDER BY seq LIMIT $3");
         let rows = sqlx::query(&sql).bind(slice).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
         return Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor.clone()));
     }
@@ -212,15 +208,8 @@ pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(V
          AND pg_visible_in_snapshot(xid, CAST($3 AS TEXT)::pg_snapshot) \
          AND {live} ORDER BY xid, seq LIMIT $6"
     );
-    let rows = sqlx::query(&sql)
-        .bind(slice)
-        .bind(&cursor.lo)
-        .bind(&hi)
-        .bind(cursor.xid)
-        .bind(cursor.seq)
-        .bind(limit)
-        .fetch_all(db.pool())
-        .await?;
+    let rows =
+        sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
     Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor))
 }
 

@@ -44,29 +44,21 @@ impl TestDb {
 /// Migrations are not applied: tests of migrating need an empty database, and
 /// the others apply them through Herald's own code, as production does.
 pub async fn postgres_db() -> anyhow::Result<TestDb> {
-    let base = std::env::var(DATABASE_URL_ENV)
-        .ok()
-        .filter(|url| !url.trim().is_empty())
-        .with_context(|| {
-            format!(
-                "{DATABASE_URL_ENV} is not set: run the tests with scripts/test, \
+    let base = std::env::var(DATABASE_URL_ENV).ok().filter(|url| !url.trim().is_empty()).with_context(|| {
+        format!(
+            "{DATABASE_URL_ENV} is not set: run the tests with scripts/test, \
                  which starts PostgreSQL"
-            )
-        })?;
+        )
+    })?;
     let name = format!("herald_test_{}", uuid::Uuid::new_v4().simple());
 
-    let mut admin = PgConnection::connect(&base)
-        .await
-        .with_context(|| format!("connecting to {DATABASE_URL_ENV}={base}"))?;
+    let mut admin = PgConnection::connect(&base).await.with_context(|| format!("connecting to {DATABASE_URL_ENV}={base}"))?;
     create_database(&mut admin, &name).await?;
     admin.close().await.ok();
 
     let mut url = Url::parse(&base).with_context(|| format!("parsing {DATABASE_URL_ENV}"))?;
     url.set_path(&name);
-    Ok(TestDb {
-        url: url.into(),
-        _dir: None,
-    })
+    Ok(TestDb { url: url.into(), _dir: None })
 }
 
 /// `CREATE DATABASE`, retried briefly when PostgreSQL reports the template
@@ -79,9 +71,7 @@ async fn create_database(admin: &mut PgConnection, name: &str) -> anyhow::Result
     loop {
         match admin.execute(sql.as_str()).await {
             Ok(_) => return Ok(()),
-            Err(sqlx::Error::Database(e))
-                if e.code().as_deref() == Some("55006") && attempt < 20 =>
-            {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55006") && attempt < 20 => {
                 attempt += 1;
                 tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
             }
@@ -96,18 +86,10 @@ async fn create_database(admin: &mut PgConnection, name: &str) -> anyhow::Result
 /// connections, and each in-memory connection would see a database of its
 /// own. `mode=rwc` lets the first connection create the file.
 pub fn sqlite_db() -> anyhow::Result<TestDb> {
-    let dir = tempfile::Builder::new()
-        .prefix("herald-test-")
-        .tempdir()
-        .context("creating a temporary directory for SQLite")?;
+    let dir = tempfile::Builder::new().prefix("herald-test-").tempdir().context("creating a temporary directory for SQLite")?;
     let path = dir.path().join("herald.db");
-    let path = path
-        .to_str()
-        .with_context(|| format!("temporary path is not UTF-8: {}", path.display()))?;
-    Ok(TestDb {
-        url: format!("sqlite://{path}?mode=rwc"),
-        _dir: Some(dir),
-    })
+    let path = path.to_str().with_context(|| format!("temporary path is not UTF-8: {}", path.display()))?;
+    Ok(TestDb { url: format!("sqlite://{path}?mode=rwc"), _dir: Some(dir) })
 }
 
 #[cfg(test)]
@@ -120,11 +102,7 @@ mod tests {
         let mut conn = sqlx::SqliteConnection::connect(&db.url).await?;
         conn.execute("CREATE TABLE t (x INTEGER)").await?;
         conn.close().await?;
-        let file = db
-            .url
-            .trim_start_matches("sqlite://")
-            .trim_end_matches("?mode=rwc")
-            .to_owned();
+        let file = db.url.trim_start_matches("sqlite://").trim_end_matches("?mode=rwc").to_owned();
         assert!(std::path::Path::new(&file).exists());
         assert!(!db.is_postgres());
         drop(db);
@@ -135,11 +113,7 @@ mod tests {
     #[tokio::test]
     async fn postgres_dbs_are_fresh_and_distinct() -> anyhow::Result<()> {
         if std::env::var(DATABASE_URL_ENV).is_err() {
-            let err = postgres_db()
-                .await
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
+            let err = postgres_db().await.err().map(|e| e.to_string()).unwrap_or_default();
             assert!(err.contains("scripts/test"), "{err}");
             return Ok(());
         }
@@ -147,9 +121,7 @@ mod tests {
         assert_ne!(a.url, b.url);
         assert!(a.is_postgres());
         let mut conn = PgConnection::connect(&a.url).await?;
-        let (name,): (String,) = sqlx::query_as("SELECT current_database()")
-            .fetch_one(&mut conn)
-            .await?;
+        let (name,): (String,) = sqlx::query_as("SELECT current_database()").fetch_one(&mut conn).await?;
         assert!(a.url.contains(&name) && name.starts_with("herald_test_"));
         conn.close().await?;
         Ok(())

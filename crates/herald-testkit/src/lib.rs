@@ -80,10 +80,7 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with("herald.search-"));
         assert_eq!(a.len(), "herald.search-".len() + 8);
-        assert!(
-            a.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-        );
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')));
     }
 
     #[test]
@@ -93,10 +90,7 @@ mod tests {
         match std::env::var(KAFKA_BROKERS_ENV) {
             Ok(expected) => assert_eq!(real_broker()?, expected),
             Err(_) => {
-                let err = real_broker()
-                    .err()
-                    .map(|e| e.to_string())
-                    .unwrap_or_default();
+                let err = real_broker().err().map(|e| e.to_string()).unwrap_or_default();
                 assert!(err.contains("scripts/test"), "{err}");
             }
         }

@@ -34,7 +34,9 @@ pub struct AuditArgs {
 
 pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     let (Some(database), Some(brokers)) = (&args.backends.database, &args.backends.kafka) else {
-        eprintln!("error: herald audit needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): it checks what they hold");
+        eprintln!(
+            "error: herald audit needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): it checks what they hold"
+        );
         return Ok(ExitCode::from(2));
     };
     let artifacts = match args.backends.artifacts.as_deref().map(ArtifactStore::from_location).transpose() {
@@ -53,7 +55,8 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-    let sources = Sources { db: &db, brokers, topics: &topics, artifacts, provider_url: args.notify_url.clone(), kafka_timeout: args.kafka_timeout };
+    let sources =
+        Sources { db: &db, brokers, topics: &topics, artifacts, provider_url: args.notify_url.clone(), kafka_timeout: args.kafka_timeout };
     let report = match herald_audit::audit(&sources).await {
         Ok((report, _)) => report,
         Err(e) => {

@@ -168,7 +168,8 @@ fn released_text(r: &Released) -> String {
     if total == 0 && r.still_parked == 0 {
         return String::new();
     }
-    let mut text = format!("; released {total} parked record(s): {} applied, {} already applied, {} not handled", r.applied, r.duplicates, r.skipped);
+    let mut text =
+        format!("; released {total} parked record(s): {} applied, {} already applied, {} not handled", r.applied, r.duplicates, r.skipped);
     if let Some(offset) = r.dead_lettered {
         text.push_str(&format!("; the record at offset {offset} failed and is a dead letter now"));
     }
@@ -197,7 +198,14 @@ async fn list(db: &Db, subscription: Option<Scope>, all: bool, as_json: bool) ->
         let error: String = l.error.chars().take(100).collect();
         println!(
             "{:>6}  {:<14} {:<9} {:>3}  {:<36} {:<36} {:>6}  {}",
-            l.id, l.subscription, l.status, l.attempts, record, l.event_id.as_deref().unwrap_or("-"), parked_behind(l), error
+            l.id,
+            l.subscription,
+            l.status,
+            l.attempts,
+            record,
+            l.event_id.as_deref().unwrap_or("-"),
+            parked_behind(l),
+            error
         );
     }
     println!("{} dead letter(s)", letters.len());
@@ -221,7 +229,10 @@ fn to_json(l: &DeadLetter, parked: i64) -> serde_json::Value {
 async fn redrive_all(db: &Db, letters: Vec<DeadLetter>, args: &WorkerArgs) -> anyhow::Result<ExitCode> {
     let worker = if letters.iter().any(|l| l.subscription == worker::SUBSCRIPTION && l.status == dead_letter::DEAD) {
         let Some(location) = &args.artifacts else {
-            eprintln!("error: redriving a dead letter of {} runs its export: --artifacts (or HERALD_ARTIFACTS) must name the workers' artifact store", worker::SUBSCRIPTION);
+            eprintln!(
+                "error: redriving a dead letter of {} runs its export: --artifacts (or HERALD_ARTIFACTS) must name the workers' artifact store",
+                worker::SUBSCRIPTION
+            );
             return Ok(ExitCode::from(2));
         };
         Some(export_worker(db, location, args)?)
@@ -231,7 +242,9 @@ async fn redrive_all(db: &Db, letters: Vec<DeadLetter>, args: &WorkerArgs) -> an
     let mut failed = 0;
     for letter in &letters {
         let (outcome, released) = match &worker {
-            Some(w) if letter.subscription == worker::SUBSCRIPTION => (herald_consumer::redrive_processor(db, w, letter).await?, Released::default()),
+            Some(w) if letter.subscription == worker::SUBSCRIPTION => {
+                (herald_consumer::redrive_processor(db, w, letter).await?, Released::default())
+            }
             // Only a letter that is no longer dead reaches here without a worker.
             None if letter.subscription == worker::SUBSCRIPTION => (Redriven::NotDead, Released::default()),
             _ => {

@@ -125,7 +125,14 @@ async fn reconcile(db: &Db, notify: &NotifyArgs, json: bool) -> anyhow::Result<E
     }
     for intent in &open {
         let risk = if intent.resend_may_duplicate { "RESEND MAY DUPLICATE" } else { "" };
-        println!("{:<40} {:<8} {:>3} attempts  {}  {}", intent.idempotency_key, intent.status, intent.attempts, risk, intent.last_error.as_deref().unwrap_or(""));
+        println!(
+            "{:<40} {:<8} {:>3} attempts  {}  {}",
+            intent.idempotency_key,
+            intent.status,
+            intent.attempts,
+            risk,
+            intent.last_error.as_deref().unwrap_or("")
+        );
     }
     println!("{} intent(s) need a decision", open.len());
     Ok(ExitCode::SUCCESS)

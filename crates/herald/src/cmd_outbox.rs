@@ -79,7 +79,12 @@ async fn list(db: &Db, status: &str, limit: i64, as_json: bool) -> anyhow::Resul
     for r in &rows {
         println!(
             "{:>8}  {:<16}  {:<36}  {:<24}  {:>8}  {}",
-            r.seq, r.status, r.event_id, r.partition_key, r.attempts, r.last_error.as_deref().unwrap_or("")
+            r.seq,
+            r.status,
+            r.event_id,
+            r.partition_key,
+            r.attempts,
+            r.last_error.as_deref().unwrap_or("")
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -49,7 +49,12 @@ pub async fn run(args: ProviderSimArgs) -> anyhow::Result<ExitCode> {
         SimMode::Keyed => Mode::Keyed,
         SimMode::Unkeyed => Mode::Unkeyed,
     };
-    let faults = FaultSwitches { drop_responses: args.drop_responses, exit_after_commit: args.exit_after_commit, pause: args.pause, refuse_for_ms: 0 };
+    let faults = FaultSwitches {
+        drop_responses: args.drop_responses,
+        exit_after_commit: args.exit_after_commit,
+        pause: args.pause,
+        refuse_for_ms: 0,
+    };
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {

@@ -260,12 +260,16 @@ impl Progress for Reporter {
 
     fn replayed(&mut self, p: ReplayProgress) {
         if self.json {
-            println!("{}", json!({"replayed": p.done, "total": p.total, "skipped_undecodable": p.skipped_undecodable, "per_second": self.rate(p.done).round()}));
+            println!(
+                "{}",
+                json!({"replayed": p.done, "total": p.total, "skipped_undecodable": p.skipped_undecodable, "per_second": self.rate(p.done).round()})
+            );
         } else if std::io::stderr().is_terminal() {
             let bar = self.bar.get_or_insert_with(|| {
                 let bar = ProgressBar::new(p.total);
                 bar.set_style(
-                    ProgressStyle::with_template("{bar:40} {pos}/{len} events  {per_sec}  eta {eta}").unwrap_or_else(|_| ProgressStyle::default_bar()),
+                    ProgressStyle::with_template("{bar:40} {pos}/{len} events  {per_sec}  eta {eta}")
+                        .unwrap_or_else(|_| ProgressStyle::default_bar()),
                 );
                 bar
             });

@@ -40,7 +40,9 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // The embedded defaults are private to one process: a relay alone on
     // them would publish nothing anyone wrote.
     let (Some(database), Some(brokers)) = (&args.database, &args.kafka) else {
-        eprintln!("error: `herald relay` needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): the embedded defaults are private to one process; use `herald serve` for those");
+        eprintln!(
+            "error: `herald relay` needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): the embedded defaults are private to one process; use `herald serve` for those"
+        );
         return Ok(ExitCode::from(2));
     };
     let db = Db::connect_and_migrate(database).await?;

@@ -82,7 +82,6 @@ fn read_dir(dir: &Path) -> Result<(Vec<(String, String)>, String), String> {
     }
     files.sort();
     let compat_path = dir.join(COMPATIBILITY_FILE);
-    let compatibility =
-        std::fs::read_to_string(&compat_path).map_err(|e| format!("{}: {e}", compat_path.display()))?;
+    let compatibility = std::fs::read_to_string(&compat_path).map_err(|e| format!("{}: {e}", compat_path.display()))?;
     Ok((files, compatibility))
 }

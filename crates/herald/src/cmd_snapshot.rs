@@ -33,7 +33,9 @@ pub enum SnapshotCommand {
 
 pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let (Some(url), Some(brokers)) = (&args.on.database, &args.on.kafka) else {
-        eprintln!("error: --database and --kafka (or HERALD_DATABASE_URL, HERALD_KAFKA_BROKERS) are required: a snapshot pairs documents with the live group's positions");
+        eprintln!(
+            "error: --database and --kafka (or HERALD_DATABASE_URL, HERALD_KAFKA_BROKERS) are required: a snapshot pairs documents with the live group's positions"
+        );
         return Ok(ExitCode::from(2));
     };
     let SnapshotCommand::Search { out } = &args.command;

@@ -1,9 +1,12 @@
 //! `herald`: one binary, one subcommand per job.
 
 use herald::lifecycle_args::LifecycleArgs;
-use herald::pipeline::Roles;
 use herald::notify_args::{InvalidNotifyArgs, NotifyArgs, hook_from_env};
-use herald::{bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status, config, demo, drill, pipeline};
+use herald::pipeline::Roles;
+use herald::{
+    bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status,
+    config, demo, drill, pipeline,
+};
 
 use std::process::ExitCode;
 
@@ -113,7 +116,8 @@ fn main() -> ExitCode {
         }
     };
     // The demo's output is its report; roles that run for long log progress.
-    let default_filter = if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
+    let default_filter =
+        if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)))
         .with_writer(std::io::stderr)
@@ -213,7 +217,9 @@ async fn serve(
         println!("dashboard http://{addr}/status, Prometheus metrics http://{addr}/metrics");
         if let Some(token) = &env.default_token {
             println!("API token for caller `demo`: {token}");
-            println!("try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{addr}/v1/exports");
+            println!(
+                "try: curl -H 'Authorization: Bearer {token}' -H 'Idempotency-Key: k1' -d '{{\"format\":\"csv\",\"query\":\"hello\"}}' http://{addr}/v1/exports"
+            );
         }
     }
     let shutdown: CancellationToken = running.shutdown.clone();

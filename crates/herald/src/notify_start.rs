@@ -98,8 +98,7 @@ pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> 
             continue;
         }
         let recorded = start_positions::recorded(db, &sub.group, topic).await?;
-        let decided: Vec<(i32, i64)> =
-            recorded.iter().copied().filter(|(p, _)| unpositioned.iter().any(|s| s.partition == *p)).collect();
+        let decided: Vec<(i32, i64)> = recorded.iter().copied().filter(|(p, _)| unpositioned.iter().any(|s| s.partition == *p)).collect();
         if decided.len() == unpositioned.len() {
             info!(group = %sub.group, topic, ?decided, "committing the start position decided before a restart");
             offsets::commit(&sub.brokers, &sub.group, topic, &decided).await?;
@@ -123,7 +122,9 @@ pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> 
             Ok(()) => info!(group = %sub.group, topic, ?commit, "notify start position committed"),
             // Without history the position is a convenience (the group starts
             // at the same place by itself); a chosen start must hold.
-            Err(e) if start_at.is_none() => warn!(group = %sub.group, topic, error = %e, "could not commit the start position of an empty topic"),
+            Err(e) if start_at.is_none() => {
+                warn!(group = %sub.group, topic, error = %e, "could not commit the start position of an empty topic")
+            }
             Err(e) => return Err(e.into()),
         }
     }

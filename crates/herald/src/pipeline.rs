@@ -165,7 +165,12 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     if let Some(listen) = &roles.api {
         let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         api_addr = Some(listener.local_addr()?);
-        let intake = IntakeConfig { topics: wiring.topics.clone(), quota: options.quota, policy: options.policy.clone(), faults: options.faults.clone() };
+        let intake = IntakeConfig {
+            topics: wiring.topics.clone(),
+            quota: options.quota,
+            policy: options.policy.clone(),
+            faults: options.faults.clone(),
+        };
         let state = AppState { db: wiring.db.clone(), intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
         let figures = start_monitor(&wiring)?;
         let app = herald_api::router(state).merge(herald_api::observe::routes(figures.clone()));

@@ -4,13 +4,15 @@
 //! back to.
 
 use clap::ValueEnum;
-use herald_consumer::{Discarded, Handler, HandlerError, Live, Metrics, Options, Order, Projection, Record, RedriveOutcome, Snapshot, Subscription};
+use herald_consumer::{
+    Discarded, Handler, HandlerError, Live, Metrics, Options, Order, Projection, Record, RedriveOutcome, Snapshot, Subscription,
+};
 use herald_envelope::Registry;
 use herald_notify::intents::{self, NotifyHandler};
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
-use herald_store::{Db, Tx};
 use herald_store::dead_letter::DeadLetter;
+use herald_store::{Db, Tx};
 use tokio_util::sync::CancellationToken;
 
 use crate::notify_start::{self, StartAt};

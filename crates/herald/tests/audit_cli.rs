@@ -31,7 +31,13 @@ const EXPORTS: i64 = 12;
 
 /// Runs the whole pipeline until every export is searchable, counted and
 /// notified, then stops it.
-async fn run_pipeline(url: &str, brokers: &str, topics: &Topics, artifacts: &str, ledger: &str) -> anyhow::Result<(Db, String, CancellationToken)> {
+async fn run_pipeline(
+    url: &str,
+    brokers: &str,
+    topics: &Topics,
+    artifacts: &str,
+    ledger: &str,
+) -> anyhow::Result<(Db, String, CancellationToken)> {
     let pipeline = Pipeline::start(url, brokers, topics, artifacts, ledger).await?;
     let queries: Vec<String> = (0..EXPORTS).map(|i| format!("audit {i}")).collect();
     let settled = async {

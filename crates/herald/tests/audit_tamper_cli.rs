@@ -82,7 +82,8 @@ async fn exercise(pipeline: &Pipeline, url: &str, postgres: bool) -> anyhow::Res
     refuse_poison(db, postgres).await?;
     let queries: Vec<String> = (0..EXPORTS).map(|i| if i == POISON { "poison".to_owned() } else { format!("audit {i}") }).collect();
     let jobs = pipeline.submit(&queries).await?;
-    wait_until("search to dead-letter the poison completion", async || Ok(dead_letter::count(db, "search", dead_letter::DEAD).await? == 1)).await?;
+    wait_until("search to dead-letter the poison completion", async || Ok(dead_letter::count(db, "search", dead_letter::DEAD).await? == 1))
+        .await?;
     fix(db, postgres).await?;
     let letter = dead_letter::list(db, Some("search"), Some(dead_letter::DEAD)).await?.first().map(|l| l.id).unwrap_or_default();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -107,7 +108,13 @@ async fn exercise(pipeline: &Pipeline, url: &str, postgres: bool) -> anyhow::Res
     Ok((jobs, letter))
 }
 
-async fn run(url: &str, brokers: &str, topics: &Topics, ran: &mut Ran, postgres: bool) -> anyhow::Result<(Left, tokio_util::sync::CancellationToken)> {
+async fn run(
+    url: &str,
+    brokers: &str,
+    topics: &Topics,
+    ran: &mut Ran,
+    postgres: bool,
+) -> anyhow::Result<(Left, tokio_util::sync::CancellationToken)> {
     let pipeline = Pipeline::start(url, brokers, topics, &ran.artifacts, &format!("{}.ledger", ran.artifacts)).await?;
     let exercised = exercise(&pipeline, url, postgres).await;
     // Stopped either way: consumers left to a dropped runtime hang the test.
@@ -119,7 +126,15 @@ async fn run(url: &str, brokers: &str, topics: &Topics, ran: &mut Ran, postgres:
 
 /// Applies `tamper`, expects exactly `check` to fail naming `needle` with a
 /// violation of `kind`, then applies `undo`.
-async fn tampered(ran: &Ran, db: &Db, check: &str, kind: &str, needle: &str, tamper: (&str, &str), undo: (&str, &str)) -> anyhow::Result<()> {
+async fn tampered(
+    ran: &Ran,
+    db: &Db,
+    check: &str,
+    kind: &str,
+    needle: &str,
+    tamper: (&str, &str),
+    undo: (&str, &str),
+) -> anyhow::Result<()> {
     sqlx::query(tamper.0).bind(tamper.1).execute(db.pool()).await?;
     let (code, report) = ran.audit()?;
     sqlx::query(undo.0).bind(undo.1).execute(db.pool()).await?;
@@ -141,9 +156,16 @@ async fn each_check_fails_alone(url: &str, brokers: &str, topics: &Topics, prefi
     all_ran(&report, &CHECKS)?;
 
     let job = left.jobs[0].as_str();
-    tampered(&ran, db, "intake_once", "fingerprint_mismatch", job,
+    tampered(
+        &ran,
+        db,
+        "intake_once",
+        "fingerprint_mismatch",
+        job,
         ("UPDATE export_jobs SET query = 'tampered' WHERE job_id = $1", job),
-        ("UPDATE export_jobs SET query = 'audit 0' WHERE job_id = $1", job)).await?;
+        ("UPDATE export_jobs SET query = 'audit 0' WHERE job_id = $1", job),
+    )
+    .await?;
 
     tampered(&ran, db, "intents_once", "duplicate_intent", &format!("(job {job})"),
         ("INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, status, created_at_ms, updated_at_ms) \
@@ -152,20 +174,41 @@ async fn each_check_fails_alone(url: &str, brokers: &str, topics: &Topics, prefi
         ("DELETE FROM notification_intents WHERE idempotency_key = 'ntf_tampered' AND job_id = $1", job)).await?;
 
     let letter = left.letter.to_string();
-    tampered(&ran, db, "dead_letters_settled", "parked_but_applied", &format!("dead letter {letter} (search)"),
+    tampered(
+        &ran,
+        db,
+        "dead_letters_settled",
+        "parked_but_applied",
+        &format!("dead letter {letter} (search)"),
         ("UPDATE dead_letters SET status = 'dead' WHERE CAST(id AS TEXT) = $1", &letter),
-        ("UPDATE dead_letters SET status = 'redriven' WHERE CAST(id AS TEXT) = $1", &letter)).await?;
+        ("UPDATE dead_letters SET status = 'redriven' WHERE CAST(id AS TEXT) = $1", &letter),
+    )
+    .await?;
 
     let caller = audit_support::CALLER;
-    tampered(&ran, db, "stats_match_completions", "counter_mismatch", &format!("{caller} csv"),
+    tampered(
+        &ran,
+        db,
+        "stats_match_completions",
+        "counter_mismatch",
+        &format!("{caller} csv"),
         ("UPDATE stats_counters SET exports = exports + 1 WHERE caller = $1 AND format = 'csv'", caller),
-        ("UPDATE stats_counters SET exports = exports - 1 WHERE caller = $1 AND format = 'csv'", caller)).await?;
+        ("UPDATE stats_counters SET exports = exports - 1 WHERE caller = $1 AND format = 'csv'", caller),
+    )
+    .await?;
 
     let deleted = left.jobs[DELETED].as_str();
     let was = one(db, &format!("SELECT CAST(deleted_at_ms AS TEXT) FROM search_documents WHERE job_id = '{deleted}'")).await?;
-    tampered(&ran, db, "deleted_not_searchable", "deleted_job_searchable", deleted,
+    tampered(
+        &ran,
+        db,
+        "deleted_not_searchable",
+        "deleted_job_searchable",
+        deleted,
         ("UPDATE search_documents SET deleted_at_ms = NULL WHERE job_id = $1", deleted),
-        (&format!("UPDATE search_documents SET deleted_at_ms = {was} WHERE job_id = $1"), deleted)).await?;
+        (&format!("UPDATE search_documents SET deleted_at_ms = {was} WHERE job_id = $1"), deleted),
+    )
+    .await?;
 
     let (code, report) = ran.audit()?;
     assert_eq!(code, Some(0), "every tamper undone: {report:#}");

@@ -194,7 +194,11 @@ async fn sigkill_between_commit_and_offsets(database: Database) -> anyhow::Resul
     let second = bed.consume("stats", None)?;
     eventually("stats to apply all 60", || async { Ok(inbox::count(&bed.db, "stats").await? == 60) }).await?;
     let summary = second.terminate().await?;
-    assert_eq!(summary["duplicates"], applied - committed, "exactly the applied-but-uncommitted records came back, and were absorbed: {summary}");
+    assert_eq!(
+        summary["duplicates"],
+        applied - committed,
+        "exactly the applied-but-uncommitted records came back, and were absorbed: {summary}"
+    );
     assert_eq!(summary["applied"], 60 - applied, "{summary}");
     assert_eq!(stats_total(&bed.db).await?, 60, "no duplicate effect, no lost event");
     Ok(())
@@ -223,10 +227,7 @@ async fn two_processes_share_partitions(database: Database) -> anyhow::Result<()
     })
     .await?;
     bed.publish(0, 200).await?;
-    eventually("200 search documents", || async {
-        Ok(count(&bed.db, "SELECT COUNT(*) AS n FROM search_documents").await? == 200)
-    })
-    .await?;
+    eventually("200 search documents", || async { Ok(count(&bed.db, "SELECT COUNT(*) AS n FROM search_documents").await? == 200) }).await?;
     let (sa, sb) = (a.terminate().await?, b.terminate().await?);
     let (na, nb) = (sa["applied"].as_i64().unwrap_or(0), sb["applied"].as_i64().unwrap_or(0));
     assert!(na > 0 && nb > 0, "both applied a share: {sa} {sb}");

@@ -15,8 +15,8 @@ use herald::bench::workload;
 use herald_kafka::offsets;
 use herald_kafka::{TopicSettings, Topics};
 use herald_store::Db;
-use sqlx::Row;
 use herald_testkit::wait_until;
+use sqlx::Row;
 use tokio::process::{Child, Command};
 
 const PARTITIONS: i32 = 6;
@@ -100,7 +100,13 @@ async fn consumers_joining_and_leaving_under_load_apply_each_event_once() -> any
     while !load.is_finished() {
         // The churn's cadence: one membership change every 2 to 4 seconds.
         tokio::time::sleep(Duration::from_millis(rng.u64(2000..4000))).await;
-        let action = if members.len() < 2 { 0 } else if members.len() >= 4 { 1 + rng.u8(0..2) } else { rng.u8(0..3) };
+        let action = if members.len() < 2 {
+            0
+        } else if members.len() >= 4 {
+            1 + rng.u8(0..2)
+        } else {
+            rng.u8(0..3)
+        };
         match action {
             0 => {
                 members.push(bed.consume()?);

@@ -5,10 +5,7 @@ use std::process::Command;
 
 #[test]
 fn demo_json_reports_every_check_passed() {
-    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["demo", "--exports", "30", "--json"])
-        .output()
-        .expect("run herald demo");
+    let out = Command::new(env!("CARGO_BIN_EXE_herald")).args(["demo", "--exports", "30", "--json"]).output().expect("run herald demo");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "demo failed: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("one JSON object");
@@ -32,7 +29,10 @@ fn demo_json_reports_every_check_passed() {
     assert_eq!(named("audit "), 11, "the demo ends with every audit check");
     let audit = &report["audit"];
     assert_eq!(audit["violations"], 0, "{audit:#}");
-    assert!(audit["checks"].as_array().is_some_and(|cs| cs.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0))), "{audit:#}");
+    assert!(
+        audit["checks"].as_array().is_some_and(|cs| cs.iter().all(|c| c["ran"] == true && c["checked"].as_u64() > Some(0))),
+        "{audit:#}"
+    );
 }
 
 #[test]

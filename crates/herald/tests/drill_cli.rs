@@ -38,7 +38,8 @@ fn targets_met(report: &Value) {
 }
 
 fn kafka_home() -> String {
-    std::env::var("HERALD_KAFKA_HOME").expect("HERALD_KAFKA_HOME is not set: run the tests with scripts/test, which fetches Apache Kafka and exports its path")
+    std::env::var("HERALD_KAFKA_HOME")
+        .expect("HERALD_KAFKA_HOME is not set: run the tests with scripts/test, which fetches Apache Kafka and exports its path")
 }
 
 #[test]

@@ -154,7 +154,10 @@ async fn leader_killed_while_the_relay_publishes_loses_no_acknowledged_event() -
     let writer = tokio::spawn(write(db.clone(), topic.clone(), Some(EVENTS), CancellationToken::new()));
 
     // The kill lands while the relays are mid-stream: a fifth delivered.
-    wait_until("a fifth of the rows delivered", Duration::from_secs(120), || async { Ok(count(&db, DELIVERED).await? >= EVENTS as i64 / 5) }).await?;
+    wait_until("a fifth of the rows delivered", Duration::from_secs(120), || async {
+        Ok(count(&db, DELIVERED).await? >= EVENTS as i64 / 5)
+    })
+    .await?;
     let leader = cluster.leader_of(&topic, 0)?;
     let delivered_at_kill = count(&db, DELIVERED).await?;
     tokio::task::block_in_place(|| cluster.kill(leader))?;
@@ -271,7 +274,8 @@ async fn relay_cut_off_from_postgres_past_its_lease_records_nothing() -> anyhow:
     }
     // Delivering all 400 needs every slice, the parked one included: the
     // steady relay got them only after the cut-off relay's lease expired.
-    wait_until("the steady relay to deliver everything", Duration::from_secs(120), || async { Ok(count(&db, DELIVERED).await? == 400) }).await?;
+    wait_until("the steady relay to deliver everything", Duration::from_secs(120), || async { Ok(count(&db, DELIVERED).await? == 400) })
+        .await?;
     let fenced_before = cut_relay.stats.fenced.load(Ordering::SeqCst);
 
     proxy.heal();
@@ -339,7 +343,9 @@ async fn whole_cluster_down_for_30s_then_everything_drains_once() -> anyhow::Res
         move || {
             let db = db.clone();
             async move {
-                let applied = |s: &str| format!("SELECT COUNT(*) AS n FROM inbox WHERE subscription = '{s}' AND event_type = 'herald.export.completed'");
+                let applied = |s: &str| {
+                    format!("SELECT COUNT(*) AS n FROM inbox WHERE subscription = '{s}' AND event_type = 'herald.export.completed'")
+                };
                 Ok(count(&db, "SELECT COUNT(*) AS n FROM export_jobs WHERE status = 'succeeded'").await? == n
                     && count(&db, &applied("search")).await? == n
                     && count(&db, &applied("stats")).await? == n

@@ -15,7 +15,14 @@ const LINE: &str = "provider capabilities assumed";
 fn herald(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
     cmd.args(args).env("NO_COLOR", "1").env("HERALD_LOG", "info").kill_on_drop(true);
-    for var in ["HERALD_DATABASE_URL", "HERALD_KAFKA_BROKERS", "HERALD_NOTIFY_URL", "HERALD_NOTIFY_IDEMPOTENT", "HERALD_NOTIFY_QUERYABLE", "HERALD_NOTIFY_5XX_SAFE"] {
+    for var in [
+        "HERALD_DATABASE_URL",
+        "HERALD_KAFKA_BROKERS",
+        "HERALD_NOTIFY_URL",
+        "HERALD_NOTIFY_IDEMPOTENT",
+        "HERALD_NOTIFY_QUERYABLE",
+        "HERALD_NOTIFY_5XX_SAFE",
+    ] {
         cmd.env_remove(var);
     }
     cmd
@@ -61,7 +68,17 @@ async fn an_undescribed_provider_is_assumed_cautious_and_the_startup_line_says_s
     for field in ["honours_keys=false", "queryable=false", "server_errors_safe=false"] {
         assert!(line.contains(field), "{field} missing: {line}");
     }
-    let declared = ["dispatch", "--database", &db.url, "--notify-url", "http://127.0.0.1:9", "--notify-idempotent", "true", "--notify-queryable", "true"];
+    let declared = [
+        "dispatch",
+        "--database",
+        &db.url,
+        "--notify-url",
+        "http://127.0.0.1:9",
+        "--notify-idempotent",
+        "true",
+        "--notify-queryable",
+        "true",
+    ];
     let line = assumed(&declared).await?;
     assert!(line.contains("honours_keys=true") && line.contains("queryable=true"), "{line}");
     Ok(())

@@ -83,7 +83,19 @@ fn dispatcher(db: &TestDb, url: &str, keyed: bool, fault: bool) -> anyhow::Resul
         envs.push(("HERALD_FAULT", "hang:after-provider-response"));
     }
     Proc::spawn(
-        &["dispatch", "--database", &db.url, "--notify-url", url, "--notify-idempotent", &keyed, "--notify-lease", "1500ms", "--notify-timeout", "1s"],
+        &[
+            "dispatch",
+            "--database",
+            &db.url,
+            "--notify-url",
+            url,
+            "--notify-idempotent",
+            &keyed,
+            "--notify-lease",
+            "1500ms",
+            "--notify-timeout",
+            "1s",
+        ],
         &envs,
     )
 }
@@ -96,7 +108,10 @@ struct Intent {
 }
 
 async fn intent(db: &Db) -> anyhow::Result<Intent> {
-    let row = sqlx::query("SELECT status, receipt, attempts FROM notification_intents WHERE idempotency_key = $1").bind(KEY).fetch_one(db.pool()).await?;
+    let row = sqlx::query("SELECT status, receipt, attempts FROM notification_intents WHERE idempotency_key = $1")
+        .bind(KEY)
+        .fetch_one(db.pool())
+        .await?;
     Ok(Intent { status: row.try_get("status")?, receipt: row.try_get("receipt")?, attempts: row.try_get("attempts")? })
 }
 
@@ -248,7 +263,11 @@ async fn same_key_different_body_already_at_the_receiver() -> anyhow::Result<()>
 
 fn in_process(db: &Db, url: &str, lease: Duration, timeout: Duration) -> anyhow::Result<Dispatcher> {
     let client = ProviderClient::new(url, timeout)?;
-    let config = DispatcherConfig { lease, idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) };
+    let config = DispatcherConfig {
+        lease,
+        idle_wait: Duration::from_millis(20),
+        ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
+    };
     Ok(Dispatcher::new(db.clone(), client, config, AfterResponseHook::default()))
 }
 
@@ -338,17 +357,16 @@ async fn reconcile_asks_a_queryable_provider_about_unknown_intents() -> anyhow::
     let s = setup(BODY).await?;
     notify_support::seed_body(&s.db, "ntf_never_arrived", BODY, now_ms()).await?;
     // Both first attempted just now: well inside the provider's key retention.
-    sqlx::query(&format!("UPDATE notification_intents SET status = 'unknown', attempts = 1, may_have_executed = 1, first_attempt_at_ms = {}", s.db.now_sql()))
-        .execute(s.db.pool())
-        .await?;
+    sqlx::query(&format!(
+        "UPDATE notification_intents SET status = 'unknown', attempts = 1, may_have_executed = 1, first_attempt_at_ms = {}",
+        s.db.now_sql()
+    ))
+    .execute(s.db.pool())
+    .await?;
     let receiver = start_receiver("keyed", &s.ledger(), "127.0.0.1:0").await?;
     // The provider did get KEY (the answer was lost), never the other one.
-    let accepted = reqwest::Client::new()
-        .post(format!("{}/v1/notifications", receiver.url))
-        .header("idempotency-key", KEY)
-        .body(BODY)
-        .send()
-        .await?;
+    let accepted =
+        reqwest::Client::new().post(format!("{}/v1/notifications", receiver.url)).header("idempotency-key", KEY).body(BODY).send().await?;
     assert_eq!(accepted.status(), 200);
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["notify", "reconcile", "--database", &s.test_db.url, "--notify-url", &receiver.url, "--json"])

@@ -64,7 +64,8 @@ async fn not_found_past_retention(backend: Backend) -> anyhow::Result<()> {
     // The provider executed `ntf_executed`; Herald never got the answer.
     seed(&db, "ntf_executed", 1).await?;
     unknown_since_now(&db, "ntf_executed").await?;
-    let accepted = reqwest::Client::new().post(format!("{url}/v1/notifications")).header("idempotency-key", "ntf_executed").body(BODY).send().await?;
+    let accepted =
+        reqwest::Client::new().post(format!("{url}/v1/notifications")).header("idempotency-key", "ntf_executed").body(BODY).send().await?;
     assert_eq!(accepted.status(), 200);
     forgotten(&url, "ntf_executed").await?;
     // `ntf_recent` was first attempted just now and never reached the provider.

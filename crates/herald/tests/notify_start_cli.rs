@@ -121,7 +121,8 @@ impl Bed {
 
     /// Event ids the notify subscription applied.
     async fn applied_ids(&self) -> anyhow::Result<Vec<String>> {
-        let rows: Vec<(String,)> = sqlx::query_as("SELECT event_id FROM inbox WHERE subscription = 'notify' ORDER BY event_id").fetch_all(self.db.pool()).await?;
+        let rows: Vec<(String,)> =
+            sqlx::query_as("SELECT event_id FROM inbox WHERE subscription = 'notify' ORDER BY event_id").fetch_all(self.db.pool()).await?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 }
@@ -175,7 +176,18 @@ async fn notify_refuses_to_start_from_history() -> anyhow::Result<()> {
     let wrong = tokio::time::timeout(
         Duration::from_secs(60),
         Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args(["consume", "search", "--database", &bed.url, "--kafka", &bed.brokers, "--topic-prefix", &bed.prefix, "--start-at", "latest"])
+            .args([
+                "consume",
+                "search",
+                "--database",
+                &bed.url,
+                "--kafka",
+                &bed.brokers,
+                "--topic-prefix",
+                &bed.prefix,
+                "--start-at",
+                "latest",
+            ])
             .output(),
     )
     .await??;

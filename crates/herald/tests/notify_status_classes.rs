@@ -109,7 +109,11 @@ async fn refused_then_redriven(backend: Backend) -> anyhow::Result<()> {
     let (code, out) = redrive(url, &["--key", "ntf_400"])?;
     assert_eq!(code, Some(0), "{out}");
     let requeued = row(&db, "ntf_400").await?;
-    assert_eq!((requeued.status.as_str(), requeued.resolved_by.as_deref()), ("pending", Some("operator:ops")), "recorded as the operator's act");
+    assert_eq!(
+        (requeued.status.as_str(), requeued.resolved_by.as_deref()),
+        ("pending", Some("operator:ops")),
+        "recorded as the operator's act"
+    );
     assert_eq!(redrive(url, &["--status", "conflict"])?.0, Some(0));
     assert_eq!(row(&db, "ntf_409").await?.status, "pending");
     assert_eq!(row(&db, "ntf_422").await?.status, "failed", "only what was named");
@@ -148,7 +152,9 @@ async fn server_errors(backend: Backend) -> anyhow::Result<()> {
         once(&d).await?;
         let (calls, effects) = (keys_called(&provider, key).len(), provider.effects_of(key).await?);
         match after {
-            "unknown" => assert_eq!((calls, row(&db, key).await?.status.as_str()), (1, "unknown"), "{key}: may have executed, never resent"),
+            "unknown" => {
+                assert_eq!((calls, row(&db, key).await?.status.as_str()), (1, "unknown"), "{key}: may have executed, never resent")
+            }
             _ => assert_eq!((calls, effects, row(&db, key).await?.status.as_str()), (2, 1, "sent"), "{key}: retried with the same key"),
         }
     }

@@ -40,7 +40,10 @@ async fn list_and_redrive_set_aside_rows() -> anyhow::Result<()> {
     let out = herald(&["outbox", "list", "--status", "pending", "--json", "--database", url]);
     let pending = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(pending.contains("\"e-1\"") && !pending.contains("\"e-3\""), "{pending}");
-    assert!(String::from_utf8_lossy(&herald(&["outbox", "list", "--status", "dead_lettered", "--database", url]).stdout).lines().count() == 1, "only the header left");
+    assert!(
+        String::from_utf8_lossy(&herald(&["outbox", "list", "--status", "dead_lettered", "--database", url]).stdout).lines().count() == 1,
+        "only the header left"
+    );
 
     // A delivered row is not redriven; asking for it is an error, not a silent no-op.
     let out = herald(&["outbox", "redrive", "--seq", "2", "--database", url]);
@@ -61,7 +64,12 @@ fn usage_errors_exit_with_status_2() {
         &["bench", "relay", "--events", "10"],
         &["bench", "relay", "--database", "sqlite://x"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_herald")).args(args).env_remove("HERALD_DATABASE_URL").env_remove("HERALD_KAFKA_BROKERS").output().expect("run herald");
+        let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(args)
+            .env_remove("HERALD_DATABASE_URL")
+            .env_remove("HERALD_KAFKA_BROKERS")
+            .output()
+            .expect("run herald");
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(!out.stderr.is_empty(), "{args:?} explains itself");
     }

@@ -48,8 +48,14 @@ impl Projection for ByFormat {
     }
 
     async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
-        let rows = sqlx::query("SELECT format, n FROM by_format WHERE generation = $1 ORDER BY format").bind(generation).fetch_all(&mut **tx).await?;
-        let listed: Vec<String> = rows.iter().map(|r| Ok(format!("{}={}", r.try_get::<String, _>("format")?, r.try_get::<i64, _>("n")?))).collect::<Result<_, sqlx::Error>>()?;
+        let rows = sqlx::query("SELECT format, n FROM by_format WHERE generation = $1 ORDER BY format")
+            .bind(generation)
+            .fetch_all(&mut **tx)
+            .await?;
+        let listed: Vec<String> = rows
+            .iter()
+            .map(|r| Ok(format!("{}={}", r.try_get::<String, _>("format")?, r.try_get::<i64, _>("n")?)))
+            .collect::<Result<_, sqlx::Error>>()?;
         Ok(Fingerprint { rows: rows.len() as i64, other: 0, checksum: listed.join(",") })
     }
 }
@@ -62,15 +68,20 @@ impl Progress for Quiet {
 }
 
 async fn counted(db: &Db, generation: i64) -> anyhow::Result<i64> {
-    let row = sqlx::query("SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n FROM by_format WHERE generation = $1").bind(generation).fetch_one(db.pool()).await?;
+    let row = sqlx::query("SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) AS n FROM by_format WHERE generation = $1")
+        .bind(generation)
+        .fetch_one(db.pool())
+        .await?;
     Ok(row.try_get("n")?)
 }
 
 async fn own_projection_rebuilds(test_db: TestDb) -> anyhow::Result<()> {
     let db = Db::connect_and_migrate(&test_db.url).await?;
-    sqlx::query("CREATE TABLE by_format (generation BIGINT NOT NULL, format TEXT NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (generation, format))")
-        .execute(db.pool())
-        .await?;
+    sqlx::query(
+        "CREATE TABLE by_format (generation BIGINT NOT NULL, format TEXT NOT NULL, n BIGINT NOT NULL, PRIMARY KEY (generation, format))",
+    )
+    .execute(db.pool())
+    .await?;
     generations::register(&db, ByFormat::NAME).await?;
     let topics = Topics::with_prefix(&unique("own"));
     let brokers = herald_testkit::real_broker()?;

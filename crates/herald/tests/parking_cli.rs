@@ -102,7 +102,8 @@ async fn parked_behind_poison_then_settled(test_db: TestDb, settle: Settle) -> a
     let prefix = herald_testkit::unique("t");
     let topics = Topics::with_prefix(&prefix);
     let kafka = EmbeddedKafka::start(1, &topics.all(), 4)?;
-    let bed = Bed { db, url: test_db.url.clone(), prefix, topics, group_prefix: herald_testkit::unique("herald"), kafka, _test_db: test_db };
+    let bed =
+        Bed { db, url: test_db.url.clone(), prefix, topics, group_prefix: herald_testkit::unique("herald"), kafka, _test_db: test_db };
     defect(&bed.db, true).await?;
 
     // The poison, then three completions of its key; four of other keys.

@@ -152,7 +152,11 @@ async fn a_request_the_simulator_dies_on_before_executing_it_is_ambiguous() -> a
     }
     let (mut again, url) = start_mode("unkeyed", &ledger, &[]).await?;
     let totals: Value = reqwest::get(format!("{url}/effects")).await?.json().await?;
-    assert_eq!((totals["effects"].as_i64(), totals["requests"].as_i64(), totals["ambiguous"].as_i64()), (Some(0), Some(1), Some(1)), "{totals}");
+    assert_eq!(
+        (totals["effects"].as_i64(), totals["requests"].as_i64(), totals["ambiguous"].as_i64()),
+        (Some(0), Some(1), Some(1)),
+        "{totals}"
+    );
     let kinds: Value = reqwest::get(format!("{url}/effects/ambiguous")).await?.json().await?;
     assert_eq!(kinds, serde_json::json!({"unanswered": 1}));
     assert_eq!(requests_of(&url, "held").await?, serde_json::json!({"requests": 1, "ambiguous": 1}));

@@ -50,7 +50,17 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     }
 
     let args = |extra: &[&str]| {
-        let mut all = vec!["rebuild", "--database", &test_db.url, "--kafka", kafka.bootstrap_servers(), "--topic-prefix", &prefix, "--group-prefix", &wiring.group_prefix];
+        let mut all = vec![
+            "rebuild",
+            "--database",
+            &test_db.url,
+            "--kafka",
+            kafka.bootstrap_servers(),
+            "--topic-prefix",
+            &prefix,
+            "--group-prefix",
+            &wiring.group_prefix,
+        ];
         all.extend_from_slice(extra);
         all.into_iter().map(str::to_owned).collect::<Vec<_>>()
     };
@@ -89,7 +99,8 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     let (one, two) = verify::fingerprints(&db, &herald_rebuild::Search, 1, 2).await?;
     assert_eq!(one, two, "the resumed generation equals the live one");
     assert_eq!(two.rows, EXPORTS);
-    let scope_rows: i64 = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search@g2'").fetch_one(db.pool()).await?.try_get("n")?;
+    let scope_rows: i64 =
+        sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search@g2'").fetch_one(db.pool()).await?.try_get("n")?;
     assert_eq!(scope_rows, 0, "search's writes are idempotent: its replay keeps no dedup rows");
 
     // Stats through the same engine: counters are not idempotent, so its
@@ -98,10 +109,15 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
     let last = String::from_utf8_lossy(&stats.stdout).lines().last().map(str::to_owned).unwrap_or_default();
     let stats_report: Value = serde_json::from_str(&last)?;
-    assert_eq!((stats_report["report"]["state"].as_str(), stats_report["report"]["switched"].as_bool()), (Some("active"), Some(true)), "{stats_report}");
+    assert_eq!(
+        (stats_report["report"]["state"].as_str(), stats_report["report"]["switched"].as_bool()),
+        (Some("active"), Some(true)),
+        "{stats_report}"
+    );
     let (one, two) = verify::fingerprints(&db, &herald_rebuild::Stats, 1, 2).await?;
     assert_eq!(one, two, "the rebuilt counters equal the live ones");
-    let scope_rows: i64 = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'stats@g2'").fetch_one(db.pool()).await?.try_get("n")?;
+    let scope_rows: i64 =
+        sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'stats@g2'").fetch_one(db.pool()).await?.try_get("n")?;
     assert_eq!(scope_rows, EXPORTS, "each completion once in the stats replay's own dedup scope");
     let rollback = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["rollback", "stats"])).output().await?;
     assert!(String::from_utf8_lossy(&rollback.stdout).contains("stats: reads rolled back to generation 1"), "{rollback:?}");

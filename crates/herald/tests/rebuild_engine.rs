@@ -70,7 +70,12 @@ impl Bed {
     }
 
     fn options(&self) -> RebuildOptions {
-        RebuildOptions { brokers: self.wiring.brokers.clone(), topic: self.wiring.topics.events.clone(), batch: 50, ..RebuildOptions::default() }
+        RebuildOptions {
+            brokers: self.wiring.brokers.clone(),
+            topic: self.wiring.topics.events.clone(),
+            batch: 50,
+            ..RebuildOptions::default()
+        }
     }
 
     async fn rebuild<P: Projection>(&self, projection: &P, options: &RebuildOptions) -> anyhow::Result<RebuildReport> {
@@ -132,7 +137,10 @@ async fn window_is_closed(test_db: TestDb) -> anyhow::Result<()> {
     workload::publish(&bed.producer, &all[..1]).await?;
     let extra = workload::completions(&bed.wiring.topics.events, &unique("late"), 1)?;
     workload::publish(&bed.producer, &extra).await?;
-    wait_until("the late completion in both stats generations", WAIT, || async { Ok(bed.total_exports(1).await? == 41 && bed.total_exports(2).await? == 41) }).await?;
+    wait_until("the late completion in both stats generations", WAIT, || async {
+        Ok(bed.total_exports(1).await? == 41 && bed.total_exports(2).await? == 41)
+    })
+    .await?;
     let (one, two) = verify::fingerprints(&bed.db, &Stats, 1, 2).await?;
     assert_eq!(one, two, "stats generations agree");
     running.stop().await
@@ -201,7 +209,11 @@ async fn offline(test_db: TestDb) -> anyhow::Result<()> {
     assert!(report.switched && report.offline && report.documents == Some(10_100), "{report:?}");
     assert_eq!(search::count_active(&bed.db).await?, 10_100, "reads see everything at once");
     let stats_report = bed.rebuild(&Stats, &options).await?;
-    assert_eq!((stats_report.state.as_str(), stats_report.switched), ("ready", false), "stats declares no source of truth: {stats_report:?}");
+    assert_eq!(
+        (stats_report.state.as_str(), stats_report.switched),
+        ("ready", false),
+        "stats declares no source of truth: {stats_report:?}"
+    );
     assert!(stats_report.detail.as_deref().is_some_and(|d| d.contains("no source of truth")), "{stats_report:?}");
 
     // Live traffic resumes: generation 1 catches up, generation 2 gets

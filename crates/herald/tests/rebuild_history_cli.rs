@@ -15,8 +15,8 @@ use anyhow::Context as _;
 use herald::bench::workload;
 use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
-use herald_kafka::offsets::{self, PartitionState};
 use herald_kafka::Topics;
+use herald_kafka::offsets::{self, PartitionState};
 use herald_projections::search;
 use herald_rebuild::verify;
 use herald_store::Db;
@@ -83,10 +83,11 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let all = workload::completions(&topics.events, &run, 25)?;
     workload::publish(&producer, &all[..20]).await?;
     wait_until("20 documents", || async { Ok(search::count_active(&db).await? == 20) }).await?;
-    let recorded: i64 = sqlx::query("SELECT COUNT(*) AS n FROM projection_history WHERE projection = 'search' AND generation = 1 AND first_offset = 0")
-        .fetch_one(db.pool())
-        .await?
-        .try_get("n")?;
+    let recorded: i64 =
+        sqlx::query("SELECT COUNT(*) AS n FROM projection_history WHERE projection = 'search' AND generation = 1 AND first_offset = 0")
+            .fetch_one(db.pool())
+            .await?
+            .try_get("n")?;
     assert_eq!(recorded, i64::from(PARTITIONS), "the live group's first start is recorded per partition");
 
     let truncated_to = truncate(&brokers, &topics.events, 0).await?;
@@ -109,7 +110,14 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
             .stderr(Stdio::piped());
         command
     };
-    let generations = || async { Ok::<i64, anyhow::Error>(sqlx::query("SELECT COUNT(*) AS n FROM projection_generations WHERE projection = 'search'").fetch_one(db.pool()).await?.try_get("n")?) };
+    let generations = || async {
+        Ok::<i64, anyhow::Error>(
+            sqlx::query("SELECT COUNT(*) AS n FROM projection_generations WHERE projection = 'search'")
+                .fetch_one(db.pool())
+                .await?
+                .try_get("n")?,
+        )
+    };
 
     // 1. No snapshot: refused, naming the gap; nothing created.
     let refused = herald(&["rebuild", "search"]).output().await?;

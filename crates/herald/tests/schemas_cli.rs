@@ -39,10 +39,7 @@ fn breaking_fixture_fails_naming_the_removed_and_the_narrowed_field() {
     assert_eq!(out.status.code(), Some(1), "{all}");
     let violations: Vec<&str> = all.lines().filter(|l| l.starts_with("violation: ")).collect();
     assert_eq!(violations.len(), 2, "{all}");
-    assert!(
-        all.contains("v1 readers cannot read v2 data: v2 removes field `sha256`, which has no default in v1"),
-        "{all}"
-    );
+    assert!(all.contains("v1 readers cannot read v2 data: v2 removes field `sha256`, which has no default in v1"), "{all}");
     assert!(all.contains("v2 readers cannot read v1 data: field `size_bytes` is \"long\" in v1 but \"int\" in v2"), "{all}");
 }
 

@@ -6,7 +6,13 @@ use std::process::{Command, Output};
 use herald_store::Db;
 
 fn herald(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_herald")).args(args).env("HERALD_LOG", "warn").env_remove("HERALD_DATABASE_URL").env_remove("HERALD_KAFKA_BROKERS").output().expect("run herald")
+    Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(args)
+        .env("HERALD_LOG", "warn")
+        .env_remove("HERALD_DATABASE_URL")
+        .env_remove("HERALD_KAFKA_BROKERS")
+        .output()
+        .expect("run herald")
 }
 
 async fn seed(db: &Db) -> anyhow::Result<()> {
@@ -58,7 +64,10 @@ async fn status_prints_a_table_and_one_json_object() -> anyhow::Result<()> {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8(out.stdout)?;
     let unknown = table.lines().find(|l| l.trim_start().starts_with("unknown")).unwrap_or_default();
-    assert!(unknown.contains('2') && unknown.contains("!!") && unknown.contains("herald notify reconcile"), "unknown highlighted:\n{table}");
+    assert!(
+        unknown.contains('2') && unknown.contains("!!") && unknown.contains("herald notify reconcile"),
+        "unknown highlighted:\n{table}"
+    );
     for section in ["OUTBOX", "RELAY CLAIMS", "SUBSCRIPTIONS", "TOPICS", "NOTIFICATION INTENTS", "EXPORT JOBS", "PROJECTION GENERATIONS"] {
         assert!(table.contains(section), "{section} missing:\n{table}");
     }
@@ -75,7 +84,18 @@ async fn status_measures_lag_on_the_real_broker() -> anyhow::Result<()> {
     let test_db = herald_testkit::postgres_db().await?;
     Db::connect_and_migrate(&test_db.url).await?.close().await;
 
-    let out = herald(&["status", "--json", "--database", &test_db.url, "--kafka", &brokers, "--topic-prefix", &prefix, "--group-prefix", &prefix]);
+    let out = herald(&[
+        "status",
+        "--json",
+        "--database",
+        &test_db.url,
+        "--kafka",
+        &brokers,
+        "--topic-prefix",
+        &prefix,
+        "--group-prefix",
+        &prefix,
+    ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let status: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(status["backend"], "postgres");
@@ -87,9 +107,17 @@ async fn status_measures_lag_on_the_real_broker() -> anyhow::Result<()> {
     assert_eq!(status["kafka"]["end_offsets"][&topics.events], 0);
     // Created with the cluster's defaults for three brokers: 3 replicas, 2 in sync.
     let durability = status["kafka"]["topics"].as_array().cloned().unwrap_or_default();
-    assert_eq!(durability.iter().map(|t| t["topic"].clone()).collect::<Vec<_>>(), [topics.commands.as_str(), topics.events.as_str()], "{status}");
+    assert_eq!(
+        durability.iter().map(|t| t["topic"].clone()).collect::<Vec<_>>(),
+        [topics.commands.as_str(), topics.events.as_str()],
+        "{status}"
+    );
     for t in &durability {
-        assert_eq!((&t["replication_factor"], &t["min_insync_replicas"], &t["unclean_leader_election_enable"]), (&3.into(), &2.into(), &false.into()), "{t}");
+        assert_eq!(
+            (&t["replication_factor"], &t["min_insync_replicas"], &t["unclean_leader_election_enable"]),
+            (&3.into(), &2.into(), &false.into()),
+            "{t}"
+        );
         assert_eq!(t["risks"], serde_json::json!([]), "{t}");
     }
     Ok(())

@@ -40,7 +40,12 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
         artifacts: artifacts.path().display().to_string(),
         tokens: Tokens::single("t", "alice"),
     };
-    let relay = pipeline::start_roles(wiring.clone(), Roles { api: None, relay: true, worker: false, subscriptions: false, dispatcher: false }, Options::default()).await?;
+    let relay = pipeline::start_roles(
+        wiring.clone(),
+        Roles { api: None, relay: true, worker: false, subscriptions: false, dispatcher: false },
+        Options::default(),
+    )
+    .await?;
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["worker", "--lease-ms", &LEASE_MS.to_string(), "--scan-interval-ms", "3600000"])
@@ -79,7 +84,9 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
         scan_interval: Duration::from_millis(100),
         ..Options::default()
     };
-    let recovery = pipeline::start_roles(wiring, Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false }, options).await?;
+    let recovery =
+        pipeline::start_roles(wiring, Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false }, options)
+            .await?;
     let deadline = Instant::now() + Duration::from_secs(90);
     let job = loop {
         let job = jobs::get_any(&db, &job_id).await?.expect("job");

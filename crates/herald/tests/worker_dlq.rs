@@ -302,7 +302,10 @@ async fn retryable_fault_pauses_without_dead_letter(test_db: TestDb) -> anyhow::
     let running = bed.start(&bed.db, true, true, faults).await?;
     let done = async {
         let job = bed.submit("k1", "flaky").await?;
-        eventually("the job to succeed once the fault clears", Duration::from_secs(60), || async { Ok(bed.status(&job).await?.0 == "succeeded") }).await?;
+        eventually("the job to succeed once the fault clears", Duration::from_secs(60), || async {
+            Ok(bed.status(&job).await?.0 == "succeeded")
+        })
+        .await?;
         anyhow::Ok(job)
     }
     .await;
@@ -342,10 +345,14 @@ async fn database_cut_off_pauses_the_worker_without_dead_letter_postgres() -> an
     let done = async {
         proxy.cut();
         let job = bed.submit("k1", "outage").await?;
-        eventually("the worker to try the command twice", Duration::from_secs(120), || async { Ok(calls.load(Ordering::SeqCst) >= 2) }).await?;
+        eventually("the worker to try the command twice", Duration::from_secs(120), || async { Ok(calls.load(Ordering::SeqCst) >= 2) })
+            .await?;
         anyhow::ensure!(bed.status(&job).await?.0 == "pending", "nothing ran while the database was away");
         proxy.heal();
-        eventually("the job to succeed after the outage", Duration::from_secs(90), || async { Ok(bed.status(&job).await?.0 == "succeeded") }).await?;
+        eventually("the job to succeed after the outage", Duration::from_secs(90), || async {
+            Ok(bed.status(&job).await?.0 == "succeeded")
+        })
+        .await?;
         anyhow::Ok(job)
     }
     .await;

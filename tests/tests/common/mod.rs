@@ -77,11 +77,25 @@ pub async fn start(database: Database, broker: Broker) -> anyhow::Result<Stack> 
     };
     let running = pipeline::start(wiring.clone(), "127.0.0.1:0").await?;
     let base = format!("http://{}", running.api_addr.expect("api role"));
-    Ok(Stack { running: Some(running), db, wiring, base, http: reqwest::Client::new(), _test_db: test_db, _kafka: kafka, _artifacts: artifacts })
+    Ok(Stack {
+        running: Some(running),
+        db,
+        wiring,
+        base,
+        http: reqwest::Client::new(),
+        _test_db: test_db,
+        _kafka: kafka,
+        _artifacts: artifacts,
+    })
 }
 
 impl Stack {
-    pub async fn post_export(&self, token: &str, key: Option<&str>, body: &str) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
+    pub async fn post_export(
+        &self,
+        token: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
         post_export(&self.http, &self.base, token, key, body).await
     }
 
@@ -125,11 +139,8 @@ pub async fn post_export(
     key: Option<&str>,
     body: &str,
 ) -> anyhow::Result<(u16, reqwest::header::HeaderMap, Value)> {
-    let mut request = http
-        .post(format!("{base}/v1/exports"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .body(body.to_owned());
+    let mut request =
+        http.post(format!("{base}/v1/exports")).bearer_auth(token).header("content-type", "application/json").body(body.to_owned());
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
     }

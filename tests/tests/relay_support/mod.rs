@@ -119,10 +119,7 @@ impl Bench {
     }
 
     pub async fn status_of(&self, event_id: &str) -> anyhow::Result<(String, i32)> {
-        let row = sqlx::query("SELECT status, attempts FROM outbox WHERE event_id = $1")
-            .bind(event_id)
-            .fetch_one(self.db.pool())
-            .await?;
+        let row = sqlx::query("SELECT status, attempts FROM outbox WHERE event_id = $1").bind(event_id).fetch_one(self.db.pool()).await?;
         Ok((row.try_get("status")?, row.try_get("attempts")?))
     }
 

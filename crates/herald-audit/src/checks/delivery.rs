@@ -28,7 +28,10 @@ pub fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckRepor
         match in_kafka.get(&at) {
             None => violations.push(Violation::new(
                 "missing_in_kafka",
-                format!("outbox seq {} ({} {} {}, key {}) is delivered but not on {}", row.seq, row.event_type, row.source, row.event_id, row.partition_key, row.topic),
+                format!(
+                    "outbox seq {} ({} {} {}, key {}) is delivered but not on {}",
+                    row.seq, row.event_type, row.source, row.event_id, row.partition_key, row.topic
+                ),
             )),
             Some(keys) if keys.iter().any(|k| *k != row.partition_key) => violations.push(Violation::new(
                 "wrong_key",
@@ -47,7 +50,13 @@ pub fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckRepor
     }
     let note = truncation_note(kafka);
     let checked = outbox.iter().filter(|o| o.delivered()).count() + kafka.records.len();
-    CheckReport::new(OUTBOX_IN_KAFKA, "5, 7: each delivered outbox row is in Kafka with the same (source, id), and back", checked, violations).with_note(note)
+    CheckReport::new(
+        OUTBOX_IN_KAFKA,
+        "5, 7: each delivered outbox row is in Kafka with the same (source, id), and back",
+        checked,
+        violations,
+    )
+    .with_note(note)
 }
 
 /// The first copy of each record of a key appears in Kafka in the commit
@@ -73,7 +82,8 @@ pub fn key_order(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckReport {
         rows.sort_by_key(|r| r.commit_rank);
         let actual = published.remove(&(topic, key)).unwrap_or_default();
         let present: HashSet<&(String, String)> = actual.iter().collect();
-        let expected: Vec<(String, String)> = rows.iter().map(|r| identity(&r.source, &r.event_id)).filter(|id| present.contains(id)).collect();
+        let expected: Vec<(String, String)> =
+            rows.iter().map(|r| identity(&r.source, &r.event_id)).filter(|id| present.contains(id)).collect();
         let wanted: HashSet<&(String, String)> = expected.iter().collect();
         let actual: Vec<&(String, String)> = actual.iter().filter(|id| wanted.contains(id)).collect();
         if let Some(i) = expected.iter().zip(&actual).position(|(e, a)| e != *a) {

@@ -19,7 +19,8 @@ pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
     for event in &completions {
         for subscription in COMPLETION_SUBSCRIPTIONS {
             let n = rows.get(&(subscription, canonical(&event.source), event.event_id.as_str())).copied().unwrap_or(0);
-            let what = format!("{subscription}: {} inbox rows for completion {} {} (job {})", n, event.source, event.event_id, event.subject);
+            let what =
+                format!("{subscription}: {} inbox rows for completion {} {} (job {})", n, event.source, event.event_id, event.subject);
             match n {
                 1 => {}
                 0 => violations.push(Violation::new("missing_inbox_row", what)),
@@ -28,8 +29,13 @@ pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
         }
     }
     let note = Some("rows removed by `herald inbox cleanup` show as missing".to_owned());
-    CheckReport::new(INBOX_ONCE, "8: one inbox row per completion event and subscription", completions.len() * COMPLETION_SUBSCRIPTIONS.len(), violations)
-        .with_note(note)
+    CheckReport::new(
+        INBOX_ONCE,
+        "8: one inbox row per completion event and subscription",
+        completions.len() * COMPLETION_SUBSCRIPTIONS.len(),
+        violations,
+    )
+    .with_note(note)
 }
 
 #[cfg(test)]
@@ -51,7 +57,14 @@ mod tests {
     }
 
     fn inbox(subscription: &str, source: &str, id: &str) -> InboxRow {
-        InboxRow { subscription: subscription.into(), source: source.into(), event_id: id.into(), topic: "events".into(), partition: 0, offset: 0 }
+        InboxRow {
+            subscription: subscription.into(),
+            source: source.into(),
+            event_id: id.into(),
+            topic: "events".into(),
+            partition: 0,
+            offset: 0,
+        }
     }
 
     #[test]

@@ -22,22 +22,32 @@ pub fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow]) -> Ch
     for key in keys {
         keys_of.entry(key.job_id.as_str()).or_default().push(key);
         match by_id.get(key.job_id.as_str()) {
-            None => violations.push(Violation::new("intent_without_job", format!("{} names job {}, which does not exist", describe(key), key.job_id))),
+            None => violations
+                .push(Violation::new("intent_without_job", format!("{} names job {}, which does not exist", describe(key), key.job_id))),
             Some(job) => violations.extend(key_matches_job(key, job)),
         }
     }
     for job in jobs {
         match keys_of.get(job.job_id.as_str()).map_or(0, Vec::len) {
             1 => {}
-            0 => violations.push(Violation::new("job_without_intent", format!("job {} of {} was created by no intake key", job.job_id, job.caller))),
+            0 => violations
+                .push(Violation::new("job_without_intent", format!("job {} of {} was created by no intake key", job.job_id, job.caller))),
             n => violations.push(Violation::new("shared_job", format!("job {} is the job of {n} intake keys", job.job_id))),
         }
     }
     let known: HashSet<&str> = by_id.keys().copied().collect();
     for command in outbox.iter().filter(|o| o.event_type == REQUESTED && !known.contains(o.subject.as_str())) {
-        violations.push(Violation::new("command_without_job", format!("command {} (outbox seq {}) names job {}, which does not exist", command.event_id, command.seq, command.subject)));
+        violations.push(Violation::new(
+            "command_without_job",
+            format!("command {} (outbox seq {}) names job {}, which does not exist", command.event_id, command.seq, command.subject),
+        ));
     }
-    CheckReport::new(INTAKE_ONCE, "1: one job per intake key, with the parameters it was accepted with", keys.len() + jobs.len(), violations)
+    CheckReport::new(
+        INTAKE_ONCE,
+        "1: one job per intake key, with the parameters it was accepted with",
+        keys.len() + jobs.len(),
+        violations,
+    )
 }
 
 fn describe(key: &IntakeKey) -> String {
@@ -70,7 +80,14 @@ mod tests {
     use super::*;
 
     fn job(id: &str, query: &str) -> Job {
-        Job { job_id: id.into(), caller: "alice".into(), status: "succeeded".into(), result_id: None, format: "csv".into(), query: query.into() }
+        Job {
+            job_id: id.into(),
+            caller: "alice".into(),
+            status: "succeeded".into(),
+            result_id: None,
+            format: "csv".into(),
+            query: query.into(),
+        }
     }
 
     fn key(k: &str, job: &Job) -> IntakeKey {

@@ -35,7 +35,10 @@ pub fn search_matches_jobs(db: &DbEvidence) -> CheckReport {
             None => violations.push(Violation::new("missing_document", format!("job {id} succeeded but generation {g} has no document"))),
             Some(doc) if Some(&doc.result_id) != job.result_id.as_ref() || doc.caller != job.caller => violations.push(Violation::new(
                 "stale_document",
-                format!("job {id}: document says result {} of {}, the job {:?} of {}", doc.result_id, doc.caller, job.result_id, job.caller),
+                format!(
+                    "job {id}: document says result {} of {}, the job {:?} of {}",
+                    doc.result_id, doc.caller, job.result_id, job.caller
+                ),
             )),
             Some(_) => {}
         }
@@ -44,11 +47,19 @@ pub fn search_matches_jobs(db: &DbEvidence) -> CheckReport {
     for id in documents.keys().filter(|id| !expected.contains_key(*id) && !deleted.contains(*id)) {
         match status.get(id) {
             Some(&JOB_DELETED) => {}
-            Some(s) => violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which is {s}"))),
-            None => violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which does not exist"))),
+            Some(s) => {
+                violations.push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which is {s}")))
+            }
+            None => violations
+                .push(Violation::new("extra_document", format!("generation {g} has a document for job {id}, which does not exist"))),
         }
     }
-    CheckReport::new(SEARCH_MATCHES_JOBS, "11: active search generation = succeeded, undeleted jobs", expected.len() + documents.len(), violations)
+    CheckReport::new(
+        SEARCH_MATCHES_JOBS,
+        "11: active search generation = succeeded, undeleted jobs",
+        expected.len() + documents.len(),
+        violations,
+    )
 }
 
 /// No deleted job — status `deleted`, or an `export.deleted` event — has a
@@ -64,7 +75,12 @@ pub fn deleted_not_searchable(db: &DbEvidence) -> CheckReport {
         .filter(|id| deleted.contains(*id))
         .map(|id| Violation::new("deleted_job_searchable", format!("job {id} was deleted, yet generation {g} still finds its document")))
         .collect();
-    CheckReport::new(DELETED_NOT_SEARCHABLE, "11: deleted jobs absent from the active search generation", documents.len() + deleted.len(), violations)
+    CheckReport::new(
+        DELETED_NOT_SEARCHABLE,
+        "11: deleted jobs absent from the active search generation",
+        documents.len() + deleted.len(),
+        violations,
+    )
 }
 
 /// Each succeeded job has exactly one completion event and one selected,
@@ -85,7 +101,10 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
         let n = completions.get(id).copied().unwrap_or(0);
         if job.status != SUCCEEDED {
             if n > 0 && !deleted.contains(id) {
-                violations.push(Violation::new("completion_without_success", format!("job {id} is {} but has {n} completion event(s)", job.status)));
+                violations.push(Violation::new(
+                    "completion_without_success",
+                    format!("job {id} is {} but has {n} completion event(s)", job.status),
+                ));
             }
             continue;
         }
@@ -103,10 +122,12 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
             continue;
         };
         if !registered.contains(&(result.as_str(), id)) {
-            violations.push(Violation::new("unregistered_artifact", format!("job {id} selected {result}, which no attempt of it registered")));
+            violations
+                .push(Violation::new("unregistered_artifact", format!("job {id} selected {result}, which no attempt of it registered")));
         }
         if stored.is_some_and(|s| !s.contains(result)) {
-            violations.push(Violation::new("artifact_missing", format!("job {id} selected {result}, which the artifact store does not hold")));
+            violations
+                .push(Violation::new("artifact_missing", format!("job {id} selected {result}, which the artifact store does not hold")));
         }
     }
     let known: HashSet<&str> = db.jobs.iter().map(|j| j.job_id.as_str()).collect();
@@ -114,7 +135,8 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
         violations.push(Violation::new("completion_without_job", format!("{n} completion event(s) for unknown job {id}")));
     }
     let note = stored.is_none().then(|| "no artifact location given: selected results were not looked up in the store".to_owned());
-    CheckReport::new(JOB_COMPLETION, "4: succeeded job = one completion event + one selected, existing artifact", checked, violations).with_note(note)
+    CheckReport::new(JOB_COMPLETION, "4: succeeded job = one completion event + one selected, existing artifact", checked, violations)
+        .with_note(note)
 }
 
 #[cfg(test)]

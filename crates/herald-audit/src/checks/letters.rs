@@ -41,7 +41,10 @@ pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> Check
             let (kind, state) = if *status == DEAD { ("parked_but_applied", "parked") } else { ("discarded_but_applied", "discarded") };
             violations.push(Violation::new(
                 kind,
-                format!("dead letter {id} ({}) is {state}, yet {} {} was applied from its record {}/{}@{}", row.subscription, row.source, row.event_id, row.topic, row.partition, row.offset),
+                format!(
+                    "dead letter {id} ({}) is {state}, yet {} {} was applied from its record {}/{}@{}",
+                    row.subscription, row.source, row.event_id, row.topic, row.partition, row.offset
+                ),
             ));
         }
     }
@@ -53,7 +56,8 @@ pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> Check
             )),
             DEAD | DISCARDED => {}
             REDRIVEN => violations.extend(redriven_once(letter, &facts)),
-            other => violations.push(Violation::new("unknown_letter_status", format!("dead letter {} ({}) is `{other}`", letter.id, letter.subscription))),
+            other => violations
+                .push(Violation::new("unknown_letter_status", format!("dead letter {} ({}) is `{other}`", letter.id, letter.subscription))),
         }
     }
     let note = (!letters.is_empty()).then(|| {
@@ -97,7 +101,14 @@ mod tests {
     }
 
     fn applied(source: &str, event: &str, offset: i64) -> InboxRow {
-        InboxRow { subscription: "search".into(), source: source.into(), event_id: event.into(), topic: "events".into(), partition: 0, offset }
+        InboxRow {
+            subscription: "search".into(),
+            source: source.into(),
+            event_id: event.into(),
+            topic: "events".into(),
+            partition: 0,
+            offset,
+        }
     }
 
     #[test]

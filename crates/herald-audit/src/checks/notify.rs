@@ -20,7 +20,8 @@ const INVARIANT: &str = "9: provider effects = sent intents, one effect per key"
 pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[Intent]) -> CheckReport {
     let applied: HashSet<(&str, &str)> =
         inbox.iter().filter(|r| r.subscription == NOTIFY).map(|r| (canonical(&r.source), r.event_id.as_str())).collect();
-    let by_fact: HashMap<(&str, &str), &Completion> = completions.iter().map(|c| ((canonical(&c.source), c.event_id.as_str()), c)).collect();
+    let by_fact: HashMap<(&str, &str), &Completion> =
+        completions.iter().map(|c| ((canonical(&c.source), c.event_id.as_str()), c)).collect();
     let mut per_recipient: HashMap<(&str, &str, &str), Vec<&str>> = HashMap::new();
     let mut violations = Vec::new();
     for intent in intents {
@@ -67,10 +68,13 @@ pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>
         let key = &intent.key;
         match (intent.status.as_str(), n) {
             (SENT, 1) | (UNKNOWN, 0 | 1) => {}
-            (SENT, 0) => violations.push(Violation::new("missing_effect", format!("intent {key} is sent but the provider executed nothing under its key"))),
-            (SENT | UNKNOWN, n) => violations.push(Violation::new("duplicate_effect", format!("intent {key} ({}): {n} effects at the provider", intent.status))),
+            (SENT, 0) => violations
+                .push(Violation::new("missing_effect", format!("intent {key} is sent but the provider executed nothing under its key"))),
+            (SENT | UNKNOWN, n) => violations
+                .push(Violation::new("duplicate_effect", format!("intent {key} ({}): {n} effects at the provider", intent.status))),
             (_, 0) => {}
-            (other, n) => violations.push(Violation::new("effect_without_sent_intent", format!("{n} effect(s) under key {key}, whose intent is {other}"))),
+            (other, n) => violations
+                .push(Violation::new("effect_without_sent_intent", format!("{n} effect(s) under key {key}, whose intent is {other}"))),
         }
         if intent.status == UNKNOWN {
             unknown += 1;
@@ -81,9 +85,8 @@ pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>
     for (key, n) in effects.iter().filter(|(key, _)| !known.contains(key.as_str())) {
         violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has")));
     }
-    let note = (unknown > 0).then(|| {
-        format!("{unknown} intent(s) unknown, {unknown_executed} of them executed at the provider: `herald notify reconcile`")
-    });
+    let note = (unknown > 0)
+        .then(|| format!("{unknown} intent(s) unknown, {unknown_executed} of them executed at the provider: `herald notify reconcile`"));
     CheckReport::new(NOTIFY_EFFECTS, INVARIANT, intents.len() + effects.len(), violations).with_note(note)
 }
 
@@ -113,7 +116,14 @@ mod tests {
     }
 
     fn notified(id: &str) -> InboxRow {
-        InboxRow { subscription: NOTIFY.into(), source: "/herald/exports".into(), event_id: id.into(), topic: "events".into(), partition: 0, offset: 0 }
+        InboxRow {
+            subscription: NOTIFY.into(),
+            source: "/herald/exports".into(),
+            event_id: id.into(),
+            topic: "events".into(),
+            partition: 0,
+            offset: 0,
+        }
     }
 
     #[test]

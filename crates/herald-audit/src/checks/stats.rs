@@ -37,12 +37,21 @@ pub fn stats_match_completions(
     let keys: BTreeSet<&Key> = expected.keys().chain(actual.keys()).collect();
     let mut violations: Vec<Violation> = keys.into_iter().filter_map(|k| compare(k, expected.get(k), actual.get(k))).collect();
     for (seq, why) in undecodable {
-        violations.push(Violation::new("undecodable_completion", format!("outbox seq {seq}: the completion's data does not decode ({why}); its count cannot be checked")));
+        violations.push(Violation::new(
+            "undecodable_completion",
+            format!("outbox seq {seq}: the completion's data does not decode ({why}); its count cannot be checked"),
+        ));
     }
     let unattributed = applied.len().saturating_sub(attributed);
-    let note = (unattributed > 0).then(|| format!("{unattributed} fact(s) in the stats inbox have no completion in the outbox (see outbox_in_kafka)"));
-    CheckReport::new(STATS_MATCH_COMPLETIONS, "8: stats counters = the completions the stats inbox applied", counters.len() + attributed, violations)
-        .with_note(note)
+    let note = (unattributed > 0)
+        .then(|| format!("{unattributed} fact(s) in the stats inbox have no completion in the outbox (see outbox_in_kafka)"));
+    CheckReport::new(
+        STATS_MATCH_COMPLETIONS,
+        "8: stats counters = the completions the stats inbox applied",
+        counters.len() + attributed,
+        violations,
+    )
+    .with_note(note)
 }
 
 fn compare(key: &Key, expected: Option<&(i64, i64)>, actual: Option<&(i64, i64)>) -> Option<Violation> {
@@ -55,7 +64,10 @@ fn compare(key: &Key, expected: Option<&(i64, i64)>, actual: Option<&(i64, i64)>
         ));
     }
     (want.1 != have.1).then(|| {
-        Violation::new("bytes_mismatch", format!("{day} {caller} {format}: the counter says {} bytes, the applied completions {}", have.1, want.1))
+        Violation::new(
+            "bytes_mismatch",
+            format!("{day} {caller} {format}: the counter says {} bytes, the applied completions {}", have.1, want.1),
+        )
     })
 }
 
@@ -117,7 +129,11 @@ mod tests {
         let report = stats_match_completions(&completions, &[], &inbox, &counters);
         assert_eq!(report.count("counter_mismatch"), 2, "{:?}", report.violations);
         assert_eq!(report.count("bytes_mismatch"), 1, "{:?}", report.violations);
-        assert!(report.violations.iter().any(|v| v.detail.starts_with("2025-11-29 alice csv: the counter says 3")), "{:?}", report.violations);
+        assert!(
+            report.violations.iter().any(|v| v.detail.starts_with("2025-11-29 alice csv: the counter says 3")),
+            "{:?}",
+            report.violations
+        );
     }
 
     #[test]

@@ -69,7 +69,10 @@ fn given_429_408_425_then_retry_not_before_retry_after() {
             assert_eq!(t, Transition::Retry { at_ms: 121_000, reason: format!("{status}: slow down") });
         }
         // Without Retry-After the backoff applies.
-        assert!(matches!(transition(after_attempt(answered(status), &Capabilities::unkeyed(), &p, facts(1))), Transition::Retry { at_ms: 1_500, .. }));
+        assert!(matches!(
+            transition(after_attempt(answered(status), &Capabilities::unkeyed(), &p, facts(1))),
+            Transition::Retry { at_ms: 1_500, .. }
+        ));
     }
 }
 

@@ -130,7 +130,11 @@ impl Ledger {
     }
 
     pub async fn receipt_of(&self, key: &str, since_ms: i64) -> Result<Option<String>, sqlx::Error> {
-        let row = sqlx::query("SELECT receipt FROM keys WHERE key = ? AND at_ms >= ?").bind(key).bind(since_ms).fetch_optional(&self.pool).await?;
+        let row = sqlx::query("SELECT receipt FROM keys WHERE key = ? AND at_ms >= ?")
+            .bind(key)
+            .bind(since_ms)
+            .fetch_optional(&self.pool)
+            .await?;
         row.map(|r| r.try_get("receipt")).transpose()
     }
 

@@ -86,7 +86,13 @@ struct Sim {
 }
 
 /// Serves the simulator on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, ledger: Ledger, config: SimConfig, faults: FaultSwitches, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    ledger: Ledger,
+    config: SimConfig,
+    faults: FaultSwitches,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let refuse = RefuseSwitch::default();
     let (paused, _) = watch::channel(faults.pause);
     let sim = Sim { ledger, config, faults: Arc::new(Mutex::new(faults)), paused, refuse: refuse.clone() };
@@ -193,7 +199,9 @@ async fn execute(sim: &Sim, request: i64, key: Option<&str>, body: &[u8]) -> (Re
     };
     match sim.ledger.apply(key, body, keyed_since, now_ms()).await {
         Err(e) => ((StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(), false),
-        Ok(Applied::Conflict) => ((StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(), false),
+        Ok(Applied::Conflict) => {
+            ((StatusCode::CONFLICT, "key already used with another body; the earlier effect stands").into_response(), false)
+        }
         Ok(Applied::Replayed { receipt }) => (Json(json!({"receipt": receipt, "replayed": true})).into_response(), true),
         Ok(Applied::Executed { receipt }) => {
             after_commit(sim, request).await;

@@ -55,34 +55,51 @@ struct Job {
 /// delivered later may or may not be in: either is right.
 pub(super) async fn against_jobs(db: &Db, generation: i64, settled_before_ms: i64) -> Result<Vec<String>, StoreError> {
     let mut tx = db.begin().await?;
-    let docs: BTreeMap<String, Doc> = sqlx::query("SELECT job_id, caller, result_id, deleted_at_ms FROM search_documents WHERE generation = $1")
-        .bind(generation)
-        .fetch_all(&mut *tx)
-        .await?
-        .iter()
-        .map(|r| {
-            let deleted: Option<i64> = r.try_get("deleted_at_ms")?;
-            Ok((r.try_get("job_id")?, Doc { caller: r.try_get("caller")?, result_id: r.try_get("result_id")?, tombstone: deleted.is_some() }))
-        })
-        .collect::<Result<_, sqlx::Error>>()?;
+    let docs: BTreeMap<String, Doc> =
+        sqlx::query("SELECT job_id, caller, result_id, deleted_at_ms FROM search_documents WHERE generation = $1")
+            .bind(generation)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|r| {
+                let deleted: Option<i64> = r.try_get("deleted_at_ms")?;
+                Ok((
+                    r.try_get("job_id")?,
+                    Doc { caller: r.try_get("caller")?, result_id: r.try_get("result_id")?, tombstone: deleted.is_some() },
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()?;
     let jobs: BTreeMap<String, Job> = sqlx::query("SELECT job_id, caller, status, result_id FROM export_jobs")
         .fetch_all(&mut *tx)
         .await?
         .iter()
-        .map(|r| Ok((r.try_get("job_id")?, Job { caller: r.try_get("caller")?, status: r.try_get("status")?, result_id: r.try_get("result_id")? })))
+        .map(|r| {
+            Ok((
+                r.try_get("job_id")?,
+                Job { caller: r.try_get("caller")?, status: r.try_get("status")?, result_id: r.try_get("result_id")? },
+            ))
+        })
         .collect::<Result<_, sqlx::Error>>()?;
     let settled = |event_type: &'static str| {
         sqlx::query("SELECT DISTINCT subject FROM outbox WHERE event_type = $1 AND status = 'delivered' AND delivered_at_ms < $2")
             .bind(event_type)
             .bind(settled_before_ms)
     };
-    let completed: BTreeSet<String> = settled("herald.export.completed").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
-    let deleted: BTreeSet<String> = settled("herald.export.deleted").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+    let completed: BTreeSet<String> =
+        settled("herald.export.completed").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+    let deleted: BTreeSet<String> =
+        settled("herald.export.deleted").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
     tx.commit().await?;
     Ok(problems(generation, &docs, &jobs, &completed, &deleted))
 }
 
-fn problems(generation: i64, docs: &BTreeMap<String, Doc>, jobs: &BTreeMap<String, Job>, completed: &BTreeSet<String>, deleted: &BTreeSet<String>) -> Vec<String> {
+fn problems(
+    generation: i64,
+    docs: &BTreeMap<String, Doc>,
+    jobs: &BTreeMap<String, Job>,
+    completed: &BTreeSet<String>,
+    deleted: &BTreeSet<String>,
+) -> Vec<String> {
     let mut out = Vec::new();
     for id in completed.iter().filter(|id| !docs.contains_key(*id)) {
         out.push(format!("job {id}: its completion was delivered before the boundary, generation {generation} has no row"));
@@ -100,7 +117,10 @@ fn problems(generation: i64, docs: &BTreeMap<String, Doc>, jobs: &BTreeMap<Strin
         } else if !doc.tombstone && !["succeeded", "deleted"].contains(&job.status.as_str()) {
             out.push(format!("generation {generation} has a document for job {id}, which is {}", job.status));
         } else if !doc.tombstone && (Some(&doc.result_id) != job.result_id.as_ref() || doc.caller != job.caller) {
-            out.push(format!("job {id}: generation {generation} says result {} of {}, the job {:?} of {}", doc.result_id, doc.caller, job.result_id, job.caller));
+            out.push(format!(
+                "job {id}: generation {generation} says result {} of {}, the job {:?} of {}",
+                doc.result_id, doc.caller, job.result_id, job.caller
+            ));
         }
     }
     out
@@ -120,7 +140,8 @@ mod tests {
 
     #[test]
     fn a_generation_agrees_with_settled_facts_and_the_jobs() {
-        let jobs: BTreeMap<String, Job> = [("a".into(), job("succeeded")), ("b".into(), job("deleted")), ("c".into(), job("succeeded"))].into();
+        let jobs: BTreeMap<String, Job> =
+            [("a".into(), job("succeeded")), ("b".into(), job("deleted")), ("c".into(), job("succeeded"))].into();
         let docs: BTreeMap<String, Doc> = [("a".into(), doc(false)), ("b".into(), doc(true))].into();
         let completed: BTreeSet<String> = ["a".into(), "b".into()].into();
         let deleted: BTreeSet<String> = ["b".into()].into();

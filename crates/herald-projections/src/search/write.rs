@@ -43,8 +43,7 @@ async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], ups
     let guard = if upsert { GUARD } else { "" };
     // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
     for chunk in herald_store::outbox::statement_chunks(rows) {
-        let values: Vec<String> =
-            (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
         let sql = format!(
             "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, \
              size_bytes, completed_at_ms, version, deleted_at_ms) VALUES {}{guard}",
@@ -68,7 +67,6 @@ async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], ups
     }
     Ok(())
 }
-
 
 const GUARD: &str = " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, format = excluded.format, \
      query = excluded.query, result_id = excluded.result_id, size_bytes = excluded.size_bytes, \

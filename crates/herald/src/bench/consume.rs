@@ -105,10 +105,7 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
         let raw_consume_eps = raw_consume(&brokers, &topics.events, n).await?;
         let raw_insert_eps = raw_insert(&db, &events, &tag, args.batch as usize, args.lanes as usize).await?;
         let consume_eps = herald_consume(&db, &brokers, &topics.events, n * (round + 1), args).await?;
-        eprintln!(
-            "round {}: consume {consume_eps:.0}/s, raw insert {raw_insert_eps:.0}/s, raw consume {raw_consume_eps:.0}/s",
-            round + 1
-        );
+        eprintln!("round {}: consume {consume_eps:.0}/s, raw insert {raw_insert_eps:.0}/s, raw consume {raw_consume_eps:.0}/s", round + 1);
         best.publish_eps = best.publish_eps.max(publish_eps);
         best.raw_consume_eps = best.raw_consume_eps.max(raw_consume_eps);
         best.raw_insert_eps = best.raw_insert_eps.max(raw_insert_eps);
@@ -154,7 +151,10 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
         let mut tx = db.begin().await?;
         for (evs, ds) in chunk_events.chunks(1000).zip(chunk_docs.chunks(1000)) {
             let rows = |width: usize| -> String {
-                (0..evs.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * width + 1, width))).collect::<Vec<_>>().join(", ")
+                (0..evs.len())
+                    .map(|i| format!("({})", herald_store::outbox::placeholders(i * width + 1, width)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             let sql = format!(
                 "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) VALUES {}",
@@ -162,7 +162,15 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
             );
             let mut q = sqlx::query(&sql);
             for (i, e) in evs.iter().enumerate() {
-                q = q.bind("bench-raw").bind(&e.source).bind(&e.id).bind(&e.event_type).bind(&e.topic).bind(0i32).bind(i as i64).bind(now_ms());
+                q = q
+                    .bind("bench-raw")
+                    .bind(&e.source)
+                    .bind(&e.id)
+                    .bind(&e.event_type)
+                    .bind(&e.topic)
+                    .bind(0i32)
+                    .bind(i as i64)
+                    .bind(now_ms());
             }
             q.execute(&mut *tx).await?;
             let sql = format!(
@@ -171,7 +179,16 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
             );
             let mut q = sqlx::query(&sql);
             for d in ds {
-                q = q.bind(999_i64).bind(&d.job_id).bind(&d.caller).bind(&d.format).bind(&d.query).bind(&d.result_id).bind(d.size_bytes).bind(d.completed_at_ms).bind(d.version);
+                q = q
+                    .bind(999_i64)
+                    .bind(&d.job_id)
+                    .bind(&d.caller)
+                    .bind(&d.format)
+                    .bind(&d.query)
+                    .bind(&d.result_id)
+                    .bind(d.size_bytes)
+                    .bind(d.completed_at_ms)
+                    .bind(d.version);
             }
             q.execute(&mut *tx).await?;
         }

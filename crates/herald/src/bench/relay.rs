@@ -55,7 +55,9 @@ const KEYS: u64 = 1000;
 
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     let Some(server) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
-        eprintln!("error: `herald bench relay` needs --database postgres://… (or HERALD_DATABASE_URL): it measures the relay from PostgreSQL");
+        eprintln!(
+            "error: `herald bench relay` needs --database postgres://… (or HERALD_DATABASE_URL): it measures the relay from PostgreSQL"
+        );
         return Ok(ExitCode::from(2));
     };
     let (_mock, brokers, topic) = match &args.kafka {
@@ -147,11 +149,13 @@ async fn naive_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::
     let mut last = 0i64;
     let mut sent = 0u64;
     loop {
-        let row = sqlx::query("SELECT seq, event_id, source, event_type, subject, event_time_ms, schema_file, data, topic, partition_key \
-             FROM outbox WHERE status = 'pending' AND seq > $1 ORDER BY seq LIMIT 1")
-            .bind(last)
-            .fetch_optional(db.pool())
-            .await?;
+        let row = sqlx::query(
+            "SELECT seq, event_id, source, event_type, subject, event_time_ms, schema_file, data, topic, partition_key \
+             FROM outbox WHERE status = 'pending' AND seq > $1 ORDER BY seq LIMIT 1",
+        )
+        .bind(last)
+        .fetch_optional(db.pool())
+        .await?;
         let Some(row) = row else { break };
         let seq: i64 = row.try_get("seq")?;
         let event = OutboxEvent {
@@ -235,13 +239,22 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
     println!("broker: {}\n", args.kafka.as_deref().unwrap_or("in-process mock cluster"));
     println!("| run | events | seconds | events/s | vs Herald |");
     println!("|---|---:|---:|---:|---:|");
-    for (name, run) in [("raw rdkafka producer (ceiling)", raw), ("naive relay (1 row: select, publish, await, update)", naive), ("Herald relay (PostgreSQL, progress recorded)", herald)] {
+    for (name, run) in [
+        ("raw rdkafka producer (ceiling)", raw),
+        ("naive relay (1 row: select, publish, await, update)", naive),
+        ("Herald relay (PostgreSQL, progress recorded)", herald),
+    ] {
         println!("| {name} | {} | {:.2} | {:.0} | {:.2}x |", run.events, run.secs, run.eps(), run.eps() / herald.eps());
     }
     println!();
     println!("Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %", vs_raw * 100.0);
     if let Some([r, p, w]) = herald.split {
-        println!("Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % recording progress", r * 100.0, p * 100.0, w * 100.0);
+        println!(
+            "Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % recording progress",
+            r * 100.0,
+            p * 100.0,
+            w * 100.0
+        );
     }
     Ok(())
 }

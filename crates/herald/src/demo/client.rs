@@ -31,9 +31,17 @@ impl Intake {
     pub fn checks(&self) -> Vec<Check> {
         let distinct: HashSet<&String> = self.job_ids.iter().collect();
         vec![
-            Check::new("every request accepted with 202", self.accepted == self.requested, format!("{} of {}", self.accepted, self.requested)),
+            Check::new(
+                "every request accepted with 202",
+                self.accepted == self.requested,
+                format!("{} of {}", self.accepted, self.requested),
+            ),
             Check::new("one job per idempotency key", distinct.len() == self.requested, format!("{} distinct jobs", distinct.len())),
-            Check::new("repeated requests returned the same job", self.repeats_same_job == self.repeated, format!("{} of {}", self.repeats_same_job, self.repeated)),
+            Check::new(
+                "repeated requests returned the same job",
+                self.repeats_same_job == self.repeated,
+                format!("{} of {}", self.repeats_same_job, self.repeated),
+            ),
             Check::new("same key, other parameters → 409", self.conflict_status == 409, format!("status {}", self.conflict_status)),
         ]
     }
@@ -64,7 +72,8 @@ impl DemoClient {
     }
 
     pub async fn submit_all(&self, n: usize, repeat_every: usize) -> anyhow::Result<Intake> {
-        let mut intake = Intake { requested: n, repeated: 0, job_ids: Vec::with_capacity(n), accepted: 0, repeats_same_job: 0, conflict_status: 0 };
+        let mut intake =
+            Intake { requested: n, repeated: 0, job_ids: Vec::with_capacity(n), accepted: 0, repeats_same_job: 0, conflict_status: 0 };
         for i in 0..n {
             let key = format!("demo-{i}");
             let body = json!({"format": if i % 2 == 0 { "csv" } else { "json" }, "query": query_text(i)}).to_string();
@@ -99,20 +108,19 @@ impl DemoClient {
             checks.push(Check::new(name, status.as_u16() == want && is_problem, format!("status {status}")));
         }
         let jobs_after = count(db, "SELECT COUNT(*) AS n FROM export_jobs").await?;
-        checks.push(Check::new("bad input wrote nothing", jobs_before == jobs_after, format!("{jobs_before} jobs before, {jobs_after} after")));
+        checks.push(Check::new(
+            "bad input wrote nothing",
+            jobs_before == jobs_after,
+            format!("{jobs_before} jobs before, {jobs_after} after"),
+        ));
         Ok(checks)
     }
 
     /// The search API finds a finished export by its query text.
     pub async fn search_check(&self, intake: &Intake) -> anyhow::Result<Check> {
         let i = intake.requested / 2;
-        let response = self
-            .http
-            .get(format!("{}/v1/search", self.base))
-            .bearer_auth(&self.token)
-            .query(&[("q", query_text(i))])
-            .send()
-            .await?;
+        let response =
+            self.http.get(format!("{}/v1/search", self.base)).bearer_auth(&self.token).query(&[("q", query_text(i))]).send().await?;
         let answer: Value = response.json().await?;
         let hits = answer["hits"].as_array().cloned().unwrap_or_default();
         let found = hits.len() == 1 && hits[0]["job_id"].as_str() == intake.job_ids.get(i).map(String::as_str);

@@ -123,7 +123,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        println!("notifications: {} intents, {} sent, {} provider effects\n", notified.notification_intents, notified.notifications_sent, notified.provider_effects);
+        println!(
+            "notifications: {} intents, {} sent, {} provider effects\n",
+            notified.notification_intents, notified.notifications_sent, notified.provider_effects
+        );
         report::print_table(&checks, &counts, intake.repeated);
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -32,7 +32,8 @@ pub async fn gather(db: &Db, provider_url: &str, want: i64, within: Duration) ->
     let effects: Value = reqwest::get(format!("{provider_url}/effects")).await?.json().await?;
     Ok(NotifyCounts {
         notification_intents: count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?,
-        notifications_sent: count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'sent' AND receipt IS NOT NULL").await?,
+        notifications_sent: count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'sent' AND receipt IS NOT NULL")
+            .await?,
         provider_effects: effects["effects"].as_i64().unwrap_or(-1),
         provider_requests: effects["requests"].as_i64().unwrap_or(-1),
     })
@@ -41,8 +42,16 @@ pub async fn gather(db: &Db, provider_url: &str, want: i64, within: Duration) ->
 impl NotifyCounts {
     pub fn checks(&self, n: i64) -> Vec<Check> {
         vec![
-            Check::new("one notification intent per completion", self.notification_intents == n, format!("{} (want {n})", self.notification_intents)),
-            Check::new("every intent sent with a receipt", self.notifications_sent == n, format!("{} of {}", self.notifications_sent, self.notification_intents)),
+            Check::new(
+                "one notification intent per completion",
+                self.notification_intents == n,
+                format!("{} (want {n})", self.notification_intents),
+            ),
+            Check::new(
+                "every intent sent with a receipt",
+                self.notifications_sent == n,
+                format!("{} of {}", self.notifications_sent, self.notification_intents),
+            ),
             // At least the lost ACK's retry; a slow machine may time out a
             // call or two more, each replayed under its key just the same.
             Check::new(

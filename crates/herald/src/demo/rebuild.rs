@@ -4,10 +4,9 @@
 //! so a replay that reached notifications would show up as new intents or
 //! provider effects.
 
-
-use serde_json::Value;
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, generations};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::report::{Check, count};
@@ -49,7 +48,10 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
         Check::new(
             "rebuild replayed history into a new generation",
             report.generation == before + 1 && report.replayed >= u64::try_from(n).unwrap_or(u64::MAX),
-            format!("generation {}: {} records replayed below its boundary, the rest is live traffic's", report.generation, report.replayed),
+            format!(
+                "generation {}: {} records replayed below its boundary, the rest is live traffic's",
+                report.generation, report.replayed
+            ),
         ),
         Check::new(
             "rebuild verified and switched reads",

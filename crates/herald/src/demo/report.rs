@@ -3,8 +3,8 @@
 use std::time::{Duration, Instant};
 
 use herald_store::Db;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -37,7 +37,6 @@ pub struct Counts {
     pub duplicate_effects: i64,
 }
 
-
 pub async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
 }
@@ -56,7 +55,11 @@ impl Counts {
             exports_requested: count(db, "SELECT COUNT(*) AS n FROM export_intents").await?,
             jobs_created: count(db, "SELECT COUNT(*) AS n FROM export_jobs").await?,
             jobs_succeeded,
-            completion_events: count(db, "SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered'").await?,
+            completion_events: count(
+                db,
+                "SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered'",
+            )
+            .await?,
             kafka_event_records: kafka_records(brokers, &topics.events).await?,
             search_documents,
             search_inbox_rows: count(db, "SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search'").await?,

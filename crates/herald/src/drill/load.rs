@@ -67,7 +67,15 @@ impl Load {
 
     async fn post(&self, stats: &mut LoadStats, key: &str, body: &str) -> Answer {
         stats.requests += 1;
-        let sent = self.http.post(&self.url).bearer_auth(&self.token).header("idempotency-key", key).header("content-type", "application/json").body(body.to_owned()).send().await;
+        let sent = self
+            .http
+            .post(&self.url)
+            .bearer_auth(&self.token)
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await;
         let Ok(response) = sent else {
             stats.no_answer += 1;
             return Answer::Nothing;

@@ -134,7 +134,9 @@ pub async fn intent_report(db: &Db, sim_url: &str) -> anyhow::Result<IntentRepor
         report.by_status.insert(row.try_get("status")?, n);
     }
     let client = reqwest::Client::new();
-    for row in sqlx::query("SELECT idempotency_key, last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await? {
+    for row in
+        sqlx::query("SELECT idempotency_key, last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await?
+    {
         let reason: Option<String> = row.try_get("last_error")?;
         let reason = reason.unwrap_or_default();
         if reason.starts_with(EARLIER_ATTEMPT) {
@@ -198,7 +200,11 @@ pub fn targets(provider: &ProviderReport, intents: &IntentReport, deaths: Deaths
         });
     }
     if provider.mode.keyed() {
-        targets.push(Target { name: "no unknown after the drain", met: intents.unknown() == 0, detail: format!("{} unknown", intents.unknown()) });
+        targets.push(Target {
+            name: "no unknown after the drain",
+            met: intents.unknown() == 0,
+            detail: format!("{} unknown", intents.unknown()),
+        });
         return targets;
     }
     let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
@@ -206,7 +212,10 @@ pub fn targets(provider: &ProviderReport, intents: &IntentReport, deaths: Deaths
     targets.push(Target {
         name: "unknown only after an ambiguous call",
         met: intents.unknown_unanswered <= provider.ambiguous_calls,
-        detail: format!("{} unknown after an unanswered call, {} ambiguous calls at the provider", intents.unknown_unanswered, provider.ambiguous_calls),
+        detail: format!(
+            "{} unknown after an unanswered call, {} ambiguous calls at the provider",
+            intents.unknown_unanswered, provider.ambiguous_calls
+        ),
     });
     targets.push(Target {
         name: "unknown only after an interrupted call",

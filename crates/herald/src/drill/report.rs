@@ -63,18 +63,47 @@ impl Outcome {
         let (l, t) = (&self.load, &self.totals);
         let row = |name: &str, value: String| println!("  {name:<26} {value}");
         println!("herald drill — {:.0}s of chaos, drained in {:.1}s, database {}\n", self.chaos_secs, self.drain_secs, self.database);
-        row("requests", format!("{} sent for {} exports; {} repeats (same job {}), {} conflicts (409 {}), {} without answer, {} refused (retried)", l.requests, l.exports, l.repeats, l.repeats_same_job, l.conflicts, l.conflicts_409, l.no_answer, l.refused));
-        row("jobs", format!("{} created, {} succeeded, {} failed; {} exports unanswered", t.jobs, t.jobs_succeeded, t.jobs_failed, l.unanswered));
-        row("events", format!("{} outbox rows ({} completions), {} records in Kafka, {} dead letters", t.outbox_rows, t.completion_events, self.kafka_records, t.dead_letters));
+        row(
+            "requests",
+            format!(
+                "{} sent for {} exports; {} repeats (same job {}), {} conflicts (409 {}), {} without answer, {} refused (retried)",
+                l.requests, l.exports, l.repeats, l.repeats_same_job, l.conflicts, l.conflicts_409, l.no_answer, l.refused
+            ),
+        );
+        row(
+            "jobs",
+            format!("{} created, {} succeeded, {} failed; {} exports unanswered", t.jobs, t.jobs_succeeded, t.jobs_failed, l.unanswered),
+        );
+        row(
+            "events",
+            format!(
+                "{} outbox rows ({} completions), {} records in Kafka, {} dead letters",
+                t.outbox_rows, t.completion_events, self.kafka_records, t.dead_letters
+            ),
+        );
         let (p, i) = (&self.provider, &self.intents);
         let kinds: Vec<String> = p.ambiguous_by_kind.iter().map(|(kind, n)| format!("{kind} {n}")).collect();
-        row("provider", format!("{:?}: {} requests, {} effects, {} duplicates, {} ambiguous calls ({})", p.mode, p.requests, p.effects, p.duplicates, p.ambiguous_calls, kinds.join(", ")));
+        row(
+            "provider",
+            format!(
+                "{:?}: {} requests, {} effects, {} duplicates, {} ambiguous calls ({})",
+                p.mode,
+                p.requests,
+                p.effects,
+                p.duplicates,
+                p.ambiguous_calls,
+                kinds.join(", ")
+            ),
+        );
         let statuses: Vec<String> = i.by_status.iter().map(|(status, n)| format!("{status} {n}")).collect();
         row("intents", format!("{} ({})", i.total, statuses.join(", ")));
-        row("unknown", format!(
-            "{} after an unanswered call, {} after an interrupted call, {} after a call the provider never recorded",
-            i.unknown_unanswered, i.unknown_interrupted, i.unknown_unseen
-        ));
+        row(
+            "unknown",
+            format!(
+                "{} after an unanswered call, {} after an interrupted call, {} after a call the provider never recorded",
+                i.unknown_unanswered, i.unknown_interrupted, i.unknown_unseen
+            ),
+        );
         for (reason, n) in &i.unknown_reasons {
             println!("    {n:>5}  {reason}");
         }

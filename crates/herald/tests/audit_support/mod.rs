@@ -39,14 +39,20 @@ impl Ran {
             .env_remove("HERALD_DATABASE_URL")
             .output()?;
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let report = serde_json::from_str(&stdout)
-            .map_err(|e| anyhow::anyhow!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))?;
+        let report =
+            serde_json::from_str(&stdout).map_err(|e| anyhow::anyhow!("{e}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))?;
         Ok((out.status.code(), report))
     }
 }
 
 fn violations<'a>(report: &'a Value, check: &str) -> Vec<&'a Value> {
-    report["checks"].as_array().into_iter().flatten().filter(|c| c["check"] == check).flat_map(|c| c["violations"].as_array().into_iter().flatten()).collect()
+    report["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["check"] == check)
+        .flat_map(|c| c["violations"].as_array().into_iter().flatten())
+        .collect()
 }
 
 /// Whether `check` reported a violation of `kind` whose detail names `needle`.
@@ -57,7 +63,10 @@ pub fn named(report: &Value, check: &str, kind: &str, needle: &str) -> bool {
 /// Names of the checks that found a violation, in report order.
 pub fn failing(report: &Value) -> Vec<String> {
     let checks = report["checks"].as_array().into_iter().flatten();
-    checks.filter(|c| c["violations"].as_array().is_some_and(|v| !v.is_empty())).filter_map(|c| c["check"].as_str().map(str::to_owned)).collect()
+    checks
+        .filter(|c| c["violations"].as_array().is_some_and(|v| !v.is_empty()))
+        .filter_map(|c| c["check"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// Every check ran and looked at something.
@@ -119,7 +128,10 @@ impl Pipeline {
         };
         let dispatch = Dispatch {
             client: ProviderClient::new(&provider, Duration::from_secs(5))?,
-            config: DispatcherConfig { idle_wait: Duration::from_millis(50), ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600))) },
+            config: DispatcherConfig {
+                idle_wait: Duration::from_millis(50),
+                ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
+            },
             hook: AfterResponseHook::default(),
         };
         let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };

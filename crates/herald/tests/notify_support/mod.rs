@@ -306,7 +306,9 @@ async fn notify(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Byt
     }
     let since = if shared.keyed { Some(0) } else { None };
     match shared.ledger.apply(Some(&key), &body, since, herald_store::now_ms()).await {
-        Ok(Applied::Executed { receipt } | Applied::Replayed { receipt }) => axum::Json(serde_json::json!({ "receipt": receipt })).into_response(),
+        Ok(Applied::Executed { receipt } | Applied::Replayed { receipt }) => {
+            axum::Json(serde_json::json!({ "receipt": receipt })).into_response()
+        }
         Ok(Applied::Conflict) => (StatusCode::CONFLICT, "key taken").into_response(),
         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
     }

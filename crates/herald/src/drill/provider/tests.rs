@@ -31,9 +31,16 @@ fn keyed_modes_allow_no_unknown_and_no_duplicate() {
 fn unkeyed_modes_bound_unknown_by_what_was_ambiguous() {
     let slow = provider(ProviderMode::SlowUnkeyed, 0, 7);
     assert!(unmet(&targets(&slow, &intents(7, 2), deaths(2, 0))).is_empty(), "as many unknown as ambiguous calls and interrupted calls");
-    assert_eq!(unmet(&targets(&slow, &intents(8, 0), deaths(2, 0))), ["unknown only after an ambiguous call"], "marking more unknown is not a pass");
+    assert_eq!(
+        unmet(&targets(&slow, &intents(8, 0), deaths(2, 0))),
+        ["unknown only after an ambiguous call"],
+        "marking more unknown is not a pass"
+    );
     assert_eq!(unmet(&targets(&slow, &intents(0, 3), deaths(2, 0))), ["unknown only after an interrupted call"]);
-    assert_eq!(unmet(&targets(&provider(ProviderMode::Unkeyed, 0, 0), &intents(1, 0), deaths(0, 0))), ["unknown only after an ambiguous call"]);
+    assert_eq!(
+        unmet(&targets(&provider(ProviderMode::Unkeyed, 0, 0), &intents(1, 0), deaths(0, 0))),
+        ["unknown only after an ambiguous call"]
+    );
 }
 
 #[test]
@@ -41,8 +48,15 @@ fn unknown_under_a_key_the_provider_never_saw_is_bounded_by_its_deaths() {
     let unkeyed = provider(ProviderMode::Unkeyed, 0, 0);
     let most = i64::try_from(2 * DISPATCHERS).expect("small");
     assert!(unmet(&targets(&unkeyed, &unseen(most), deaths(0, 2))).is_empty(), "one call in flight per dispatcher at each death");
-    assert_eq!(unmet(&targets(&unkeyed, &unseen(most + 1), deaths(0, 2))), ["unknown only after a call the provider never saw because it died"]);
-    assert_eq!(unmet(&targets(&unkeyed, &unseen(1), deaths(5, 0))), ["unknown only after a call the provider never saw because it died"], "dispatcher deaths do not count");
+    assert_eq!(
+        unmet(&targets(&unkeyed, &unseen(most + 1), deaths(0, 2))),
+        ["unknown only after a call the provider never saw because it died"]
+    );
+    assert_eq!(
+        unmet(&targets(&unkeyed, &unseen(1), deaths(5, 0))),
+        ["unknown only after a call the provider never saw because it died"],
+        "dispatcher deaths do not count"
+    );
     assert_eq!(unseen(1).unknown(), 1);
     assert_eq!(unmet(&targets(&provider(ProviderMode::Keyed, 0, 0), &unseen(1), deaths(0, 3))), ["no unknown after the drain"]);
 }
@@ -55,9 +69,16 @@ fn a_slow_run_without_an_ambiguous_call_proves_nothing() {
 
 #[test]
 fn reasons_are_grouped_without_their_particulars() {
-    assert_eq!(reason_class("no answer within the call timeout (1s); the provider does not honour keys, so it is never resent without an operator"),
-        "no answer within the call timeout; the provider does not honour keys, so it is never resent without an operator");
-    assert_eq!(reason_class("no answer: error sending request for url (http://127.0.0.1:1/v1/notifications): connection closed"), "no answer: the connection ended");
+    assert_eq!(
+        reason_class(
+            "no answer within the call timeout (1s); the provider does not honour keys, so it is never resent without an operator"
+        ),
+        "no answer within the call timeout; the provider does not honour keys, so it is never resent without an operator"
+    );
+    assert_eq!(
+        reason_class("no answer: error sending request for url (http://127.0.0.1:1/v1/notifications): connection closed"),
+        "no answer: the connection ended"
+    );
     let interrupted = format!("{EARLIER_ATTEMPT}; the provider does not honour keys");
     assert_eq!(reason_class(&interrupted), interrupted);
 }
