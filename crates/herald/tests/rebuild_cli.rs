@@ -104,7 +104,14 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     assert_eq!(scope_rows, 0, "search's writes are idempotent: its replay keeps no dedup rows");
 
     // Stats through the same engine: counters are not idempotent, so its
-    // replay keeps its own dedup scope, one row per event.
+    // replay keeps its own dedup scope, one row per event it replays — all
+    // of them once live stats has applied them all (the boundary is where
+    // live stands; anything later would be live traffic's).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while herald_projections::stats::total_exports(&db).await? < EXPORTS {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "live stats never caught up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let stats = Command::new(env!("CARGO_BIN_EXE_herald")).args(args(&["stats", "--json"])).output().await?;
     assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
     let last = String::from_utf8_lossy(&stats.stdout).lines().last().map(str::to_owned).unwrap_or_default();
