@@ -23,7 +23,7 @@ async fn completion_record_is_a_binary_mode_cloudevent_with_avro_data() -> anyho
     stack.wait_for_hits(ALICE, "wire", 1).await?;
 
     let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &stack.wiring.brokers)
+        .set("bootstrap.servers", stack.wiring.kafka.brokers())
         .set("group.id", herald_testkit::unique("plain-reader"))
         .set("auto.offset.reset", "earliest")
         .set("session.timeout.ms", "6000")

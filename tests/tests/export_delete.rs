@@ -125,7 +125,7 @@ async fn delete_then_late_completed_then_rebuild(database: Database) -> anyhow::
     // Replay: the same history (completed, deleted, late completed) into
     // generation 2 gives the same table, tombstones included.
     let options = RebuildOptions {
-        brokers: stack.wiring.brokers.clone(),
+        kafka: stack.wiring.kafka.clone(),
         topic: stack.wiring.topics.events.clone(),
         switch: SwitchMode::Auto,
         dry_run: false,

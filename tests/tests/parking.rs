@@ -15,7 +15,7 @@ use common::Database;
 use herald::bench::workload;
 use herald_consumer::{Discarded, Handler, HandlerError, Metrics, Options, Order, Record, Released, Snapshot, Subscription};
 use herald_envelope::{OutboxEvent, Registry};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_status::queries;
 use herald_store::dead_letter::{self, DeadLetter};
 use herald_store::{Db, Tx, now_ms};
@@ -126,7 +126,7 @@ impl Bed {
     /// again from the start, as a rewind or a crash before the offset commit
     /// would.
     fn start_in(&self, group_prefix: &str, handler: &Ordered, order: Option<Order>) -> Running {
-        let sub = Subscription::new(SUB, group_prefix, self.kafka.bootstrap_servers(), &[&self.topics.events]);
+        let sub = Subscription::new(SUB, group_prefix, &KafkaConfig::new(self.kafka.bootstrap_servers()), &[&self.topics.events]);
         let (stop, metrics) = (CancellationToken::new(), Arc::new(Metrics::default()));
         let (db, handler, token, m) = (self.db.clone(), handler.clone(), stop.clone(), metrics.clone());
         let options = Options { max_batch: 5, order, ..Options::default() };
@@ -150,7 +150,7 @@ impl Bed {
     }
 
     async fn publish(&self, events: &[OutboxEvent]) -> anyhow::Result<()> {
-        workload::publish(&workload::producer(self.kafka.bootstrap_servers())?, events).await
+        workload::publish(&workload::producer(&KafkaConfig::new(self.kafka.bootstrap_servers()))?, events).await
     }
 
     /// Event ids in the order the handler applied them.

@@ -104,7 +104,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     };
 
     let options = RebuildOptions {
-        brokers: stack.wiring.brokers.clone(),
+        kafka: stack.wiring.kafka.clone(),
         topic: stack.wiring.topics.events.clone(),
         switch: SwitchMode::Auto,
         offline: false,

@@ -5,6 +5,7 @@
 
 mod relay_support;
 
+use herald_kafka::KafkaConfig;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -264,7 +265,7 @@ async fn a_topic_the_broker_does_not_have_is_not_a_success() -> anyhow::Result<(
         producer: vec![("topic.metadata.propagation.max.ms".into(), "1000".into())],
         ..config("missing-topic")
     };
-    let relay = herald_relay::Relay::new(db.clone(), &brokers, config)?;
+    let relay = herald_relay::Relay::new(db.clone(), &KafkaConfig::new(&brokers), config)?;
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn({
         let stop = stop.clone();

@@ -16,6 +16,7 @@ use herald_consumer::Live;
 use herald_consumer::{Metrics, Options, Redriven};
 use herald_envelope::data::DEFAULT_CONTENT_TYPE;
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted, ExportCompletedV1, OutboxEvent, Registry, decode_record};
+use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_projections::search::{self, Search};
 use herald_store::{Db, dead_letter, inbox};
@@ -75,14 +76,14 @@ async fn read(brokers: &str, topic: &str, n: usize) -> anyhow::Result<Vec<Decode
 async fn v1_reader_reads_v2_data_and_v2_reader_reads_v1_data_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("evo"));
-    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(1)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(1)).await?;
     let (old, new) = (completed("job-old"), completed("job-new"));
     // An old producer writes v1, a new one v2, onto the same topic.
     let events = vec![
         OutboxEvent::new(&topics.events, "job-old", &as_v1(&old), Utc::now())?,
         OutboxEvent::new(&topics.events, "job-new", &new, Utc::now())?,
     ];
-    workload::publish(&workload::producer(&brokers)?, &events).await?;
+    workload::publish(&workload::producer(&KafkaConfig::new(&brokers))?, &events).await?;
 
     let got = read(&brokers, &topics.events, 2).await?;
     let (v1_data, v2_data) = (&got[0], &got[1]);
@@ -140,17 +141,17 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("evo"));
-    herald_kafka::ensure_topics(&brokers, &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(2)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &[topics.events.as_str()], herald_kafka::TopicSettings::partitions(2)).await?;
     // The unknown-schema record first, then a known one in the same
     // partition: the subscription must move past the first to apply the second.
     let future = completed("job-future");
     let mut known = OutboxEvent::new(&topics.events, "job-known", &completed("job-known"), Utc::now())?;
     known.partition_key = "one-partition".into();
     let unknown = v3_event(&topics.events, &future)?;
-    workload::publish(&workload::producer(&brokers)?, &[unknown.clone(), known]).await?;
+    workload::publish(&workload::producer(&KafkaConfig::new(&brokers))?, &[unknown.clone(), known]).await?;
 
     // The consumer is built with this build's schemas only.
-    let sub = Name::Search.subscription(&herald_testkit::unique("herald"), &brokers, &topics.events);
+    let sub = Name::Search.subscription(&herald_testkit::unique("herald"), &KafkaConfig::new(&brokers), &topics.events);
     let (stop, metrics, options) = (CancellationToken::new(), Metrics::default(), Options::default());
     let run = subscriptions::run(Name::Search, &db, &sub, &options, &metrics, stop.clone());
     let wait = async {

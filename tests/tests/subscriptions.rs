@@ -18,7 +18,7 @@ use herald::subscriptions::{self, Name};
 use herald_consumer::{Handler, HandlerError, Metrics, Options, Redriven, Snapshot};
 use herald_consumer::{Live, Record};
 use herald_envelope::OutboxEvent;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_notify::intents;
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
@@ -69,11 +69,12 @@ async fn bed(database: Database, broker: Broker) -> anyhow::Result<Bed> {
         }
         Broker::Real => {
             let brokers = herald_testkit::real_broker()?;
-            herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
+            herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS))
+                .await?;
             (brokers, None)
         }
     };
-    let producer = workload::producer(&brokers)?;
+    let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     let run = herald_testkit::unique("run");
     Ok(Bed { db, brokers, topics, group_prefix: herald_testkit::unique("herald"), producer, run, _test_db: test_db, _kafka: kafka })
 }
@@ -87,7 +88,7 @@ impl Bed {
     fn start_with(&self, name: Name, options: Options) -> Running {
         let stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let (db, sub) = (self.db.clone(), name.subscription(&self.group_prefix, &self.brokers, &self.topics.events));
+        let (db, sub) = (self.db.clone(), name.subscription(&self.group_prefix, &KafkaConfig::new(&self.brokers), &self.topics.events));
         let (token, m) = (stop.clone(), metrics.clone());
         let task = tokio::spawn(async move {
             if name == Name::Notify {
@@ -113,7 +114,7 @@ impl Bed {
 
     /// Rewinds `name`'s committed offsets to the beginning of every partition.
     async fn rewind(&self, name: Name) -> anyhow::Result<()> {
-        let group = name.subscription(&self.group_prefix, &self.brokers, &self.topics.events).group;
+        let group = name.subscription(&self.group_prefix, &KafkaConfig::new(&self.brokers), &self.topics.events).group;
         let (brokers, topic) = (self.brokers.clone(), self.topics.events.clone());
         tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
             let consumer: BaseConsumer = ClientConfig::new()
@@ -159,9 +160,9 @@ impl Bed {
 /// directly). A group that already has a position keeps it.
 async fn notify_from_the_first_record(sub: &herald_consumer::Subscription) -> anyhow::Result<()> {
     for topic in &sub.topics {
-        let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let states = herald_kafka::offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
         let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
-        herald_kafka::offsets::commit(&sub.brokers, &sub.group, topic, &starts).await?;
+        herald_kafka::offsets::commit(&sub.kafka, &sub.group, topic, &starts).await?;
     }
     Ok(())
 }
@@ -450,7 +451,7 @@ impl Handler for Flaky {
 async fn retryable_failure_pauses_and_never_dead_letters() -> anyhow::Result<()> {
     let bed = bed(Database::Sqlite, Broker::Mock).await?;
     bed.publish(&bed.events(0, 5)?).await?;
-    let sub = Name::Stats.subscription(&bed.group_prefix, &bed.brokers, &bed.topics.events);
+    let sub = Name::Stats.subscription(&bed.group_prefix, &KafkaConfig::new(&bed.brokers), &bed.topics.events);
     let (stop, metrics) = (CancellationToken::new(), Metrics::default());
     let handler = Flaky { fail: AtomicU32::new(4), stats: Live::new(Stats, &bed.topics.events) };
     let options = Options::default();

@@ -5,44 +5,38 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use herald_kafka::KafkaConfig;
+use herald_kafka::offsets::{self, Watermarks};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::AuditError;
 use crate::model::{KafkaHistory, KafkaRecord};
 
 /// Reads `topics` completely; gives up after `within`.
-pub async fn read(brokers: &str, topics: &[String], within: Duration) -> Result<KafkaHistory, AuditError> {
-    let (brokers, topics) = (brokers.to_owned(), topics.to_vec());
-    tokio::task::spawn_blocking(move || read_blocking(&brokers, &topics, within))
+pub async fn read(kafka: &KafkaConfig, topics: &[String], within: Duration) -> Result<KafkaHistory, AuditError> {
+    let (kafka, topics) = (kafka.clone(), topics.to_vec());
+    tokio::task::spawn_blocking(move || read_blocking(&kafka, &topics, within))
         .await
         .map_err(|e| AuditError::Kafka(format!("reader task: {e}")))?
 }
 
-fn read_blocking(brokers: &str, topics: &[String], within: Duration) -> Result<KafkaHistory, AuditError> {
+fn read_blocking(kafka: &KafkaConfig, topics: &[String], within: Duration) -> Result<KafkaHistory, AuditError> {
     let err = |what: &str, e: rdkafka::error::KafkaError| AuditError::Kafka(format!("{what}: {e}"));
-    // A group id of its own that never commits: the audit must not move any
+    // A reader outside every group: the audit must not move any
     // subscription's position.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("herald-audit-{}", uuid::Uuid::new_v4().simple()))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .map_err(|e| err("creating a reader", e))?;
+    let consumer: BaseConsumer = kafka.reader().create().map_err(|e| err("creating a reader", e))?;
     let timeout = Duration::from_secs(10);
     let mut history = KafkaHistory::default();
     let mut remaining: BTreeMap<(String, i32), i64> = BTreeMap::new();
     let mut assignment = TopicPartitionList::new();
     for topic in topics {
-        let metadata = consumer.fetch_metadata(Some(topic), timeout).map_err(|e| err(&format!("metadata of {topic}"), e))?;
-        let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
-        if partitions.is_empty() {
+        let marks = offsets::fetch_watermarks(&consumer, topic, timeout).map_err(|e| err(&format!("watermarks of {topic}"), e))?;
+        if marks.is_empty() {
             return Err(AuditError::Kafka(format!("topic {topic} does not exist")));
         }
-        for p in partitions {
-            let (low, high) = consumer.fetch_watermarks(topic, p, timeout).map_err(|e| err(&format!("watermarks of {topic}/{p}"), e))?;
+        for Watermarks { partition: p, low, high } in marks {
             if low > 0 {
                 history.truncated.insert((topic.clone(), p), low);
             }

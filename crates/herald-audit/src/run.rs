@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use herald_export::artifact::ArtifactStore;
-use herald_kafka::Topics;
+use herald_kafka::{KafkaConfig, Topics};
 use herald_store::Db;
 
 use crate::model::Evidence;
@@ -12,7 +12,7 @@ use crate::{AuditError, Report, artifacts, checks, db, kafka, provider};
 /// Where the evidence lives.
 pub struct Sources<'a> {
     pub db: &'a Db,
-    pub brokers: &'a str,
+    pub kafka: &'a KafkaConfig,
     pub topics: &'a Topics,
     /// The artifact store; without it existence of results is not checked.
     pub artifacts: Option<ArtifactStore>,
@@ -29,7 +29,7 @@ pub struct Sources<'a> {
 pub async fn gather(sources: &Sources<'_>) -> Result<Evidence, AuditError> {
     let db = db::read(sources.db).await?;
     let topics = [sources.topics.commands.clone(), sources.topics.events.clone()];
-    let kafka = kafka::read(sources.brokers, &topics, sources.kafka_timeout).await?;
+    let kafka = kafka::read(sources.kafka, &topics, sources.kafka_timeout).await?;
     let stored_artifacts = match &sources.artifacts {
         Some(store) => Some(artifacts::stored_results(store, &db).await?),
         None => None,

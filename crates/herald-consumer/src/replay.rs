@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use herald_envelope::{EventKey, decode_any};
+use herald_kafka::KafkaConfig;
 use herald_store::Db;
 use herald_store::generations::{self, Position};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
@@ -73,7 +74,7 @@ pub enum Content<F> {
 pub async fn replay<P: Projection>(
     db: &Db,
     projection: &P,
-    brokers: &str,
+    kafka: &KafkaConfig,
     topic: &str,
     generation: i64,
     batch_size: usize,
@@ -91,7 +92,7 @@ pub async fn replay<P: Projection>(
     let lane_of: BTreeMap<i32, usize> = open.keys().enumerate().map(|(i, p)| (*p, i % LANES)).collect();
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::channel::<Vec<Replayed<P::Fact>>>(2)).unzip();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, u64)>();
-    let consumer = reader(brokers, topic, &open)?;
+    let consumer = reader(kafka, topic, &open)?;
     let reading = {
         let shutdown = shutdown.clone();
         tokio::task::spawn_blocking(move || read_all::<P>(&consumer, open, &lane_of, senders, batch_size.max(1), &shutdown))
@@ -126,16 +127,8 @@ pub async fn replay<P: Projection>(
     Ok(progress)
 }
 
-fn reader(brokers: &str, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, ReplayError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        // Required by librdkafka, never used: this consumer assigns partitions
-        // itself and never commits.
-        .set("group.id", format!("herald.rebuild.{topic}"))
-        .set("enable.auto.commit", "false")
-        .set("enable.auto.offset.store", "false")
-        .set("enable.partition.eof", "false")
-        .create()?;
+fn reader(kafka: &KafkaConfig, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, ReplayError> {
+    let consumer: BaseConsumer = kafka.reader().create()?;
     let mut tpl = TopicPartitionList::new();
     for p in open.values() {
         tpl.add_partition_offset(topic, p.partition, Offset::Offset(p.next_offset))?;

@@ -8,6 +8,7 @@
 use std::future::Future;
 
 use herald_envelope::decode_record;
+use herald_kafka::KafkaConfig;
 use herald_store::Db;
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -48,17 +49,17 @@ pub struct Subscription {
     pub name: String,
     /// Consumer group; by convention `herald.<name>`.
     pub group: String,
-    pub brokers: String,
+    pub kafka: KafkaConfig,
     pub topics: Vec<String>,
 }
 
 impl Subscription {
     /// The conventional subscription: group `<group_prefix>.<name>`.
-    pub fn new(name: &str, group_prefix: &str, brokers: &str, topics: &[&str]) -> Subscription {
+    pub fn new(name: &str, group_prefix: &str, kafka: &KafkaConfig, topics: &[&str]) -> Subscription {
         Subscription {
             name: name.to_owned(),
             group: format!("{group_prefix}.{name}"),
-            brokers: brokers.to_owned(),
+            kafka: kafka.clone(),
             topics: topics.iter().map(|t| t.to_string()).collect(),
         }
     }
@@ -68,7 +69,7 @@ impl Subscription {
 /// is finished and its offset committed before returning. Dead letters go to
 /// `db` under the subscription's name.
 pub async fn run<P: Processor>(subscription: &Subscription, db: &Db, processor: &P, shutdown: CancellationToken) -> Result<(), KafkaError> {
-    let consumer: StreamConsumer = herald_kafka::consumer_config(&subscription.brokers, &subscription.group).create()?;
+    let consumer: StreamConsumer = subscription.kafka.consumer(&subscription.group).create()?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     info!(subscription = %subscription.name, ?topics, "subscription started");

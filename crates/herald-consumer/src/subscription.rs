@@ -101,7 +101,9 @@ pub async fn run_subscription<H: Handler>(
     if rewritten > 0 {
         info!(subscription = %subscription.name, rewritten, "inbox rows of legacy sources normalised");
     }
-    let consumer: StreamConsumer<SubscriptionContext> = herald_kafka::consumer_config(&subscription.brokers, &subscription.group)
+    let consumer: StreamConsumer<SubscriptionContext> = subscription
+        .kafka
+        .consumer(&subscription.group)
         .create_with_context(SubscriptionContext::new(&subscription.name, metrics.assigned.clone()))?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;

@@ -1,36 +1,149 @@
+//! The one place Herald builds Kafka clients.
+//!
+//! Every producer, group consumer, history reader and admin client starts
+//! from [`KafkaConfig`]: the bootstrap list plus the connection settings an
+//! operator gave (security, client id, timeouts). A setting added here is in
+//! every client, so no role can connect to the cluster differently from the
+//! others. The delivery settings on top of it are Herald's promises, fixed
+//! per kind of client.
+
 use rdkafka::ClientConfig;
 
-/// A producer whose acknowledgements mean the broker has the record for good.
-pub fn producer_config(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        // Bounded so an unreachable broker surfaces as a failed delivery the
-        // relay can record and retry, instead of a future that never resolves.
-        .set("message.timeout.ms", "30000")
-        .set("linger.ms", "5")
-        .set("compression.type", "lz4");
-    config
+/// How to reach the cluster; cheap to clone, handed to every role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaConfig {
+    brokers: String,
+    connection: Vec<(String, String)>,
 }
 
-/// A consumer in `group` whose committed offsets never pass a record the
-/// application has not finished: librdkafka commits in the background only
-/// offsets the application *stored*, and Herald stores an offset only after
-/// the record's effect committed in the database.
-pub fn consumer_config(brokers: &str, group: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", brokers)
-        .set("group.id", group)
-        .set("enable.auto.commit", "true")
-        .set("auto.commit.interval.ms", "1000")
-        .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        // Low so a consumer that died without leaving frees its partitions soon.
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "500")
-        .set("isolation.level", "read_committed");
-    config
+impl KafkaConfig {
+    pub fn new(brokers: impl Into<String>) -> KafkaConfig {
+        KafkaConfig { brokers: brokers.into(), connection: Vec::new() }
+    }
+
+    /// A librdkafka property every client gets (e.g. `security.protocol`).
+    /// A later value for the same key replaces an earlier one.
+    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> KafkaConfig {
+        let key = key.into();
+        self.connection.retain(|(k, _)| *k != key);
+        self.connection.push((key, value.into()));
+        self
+    }
+
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// The connection properties given with [`KafkaConfig::with`], in order.
+    pub fn connection(&self) -> &[(String, String)] {
+        &self.connection
+    }
+
+    fn base(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.brokers);
+        for (key, value) in &self.connection {
+            config.set(key, value);
+        }
+        config
+    }
+
+    /// A producer whose acknowledgements mean the broker has the record for
+    /// good: idempotent, `acks=all`.
+    pub fn producer(&self) -> ClientConfig {
+        let mut config = self.base();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            // Bounded so an unreachable broker surfaces as a failed delivery
+            // the caller can record and retry, instead of a future that never
+            // resolves. The relay, which must not leave gaps, turns it off.
+            .set("message.timeout.ms", "30000")
+            .set("linger.ms", "5")
+            .set("compression.type", "lz4");
+        config
+    }
+
+    /// A consumer in `group` whose committed offsets never pass a record the
+    /// application has not finished: librdkafka commits in the background
+    /// only offsets the application *stored*, and Herald stores an offset
+    /// only after the record's effect committed in the database.
+    pub fn consumer(&self, group: &str) -> ClientConfig {
+        let mut config = self.base();
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            // Low so a consumer that died without leaving frees its partitions soon.
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .set("isolation.level", "read_committed");
+        config
+    }
+
+    /// A client that acts on `group`'s offsets without joining it (reading
+    /// or committing them on purpose) and never commits on its own.
+    pub fn group_admin(&self, group: &str) -> ClientConfig {
+        let mut config = self.base();
+        config.set("group.id", group).set("enable.auto.commit", "false");
+        config
+    }
+
+    /// A consumer outside any group that reads partitions it assigns itself
+    /// (replay, audit) or only asks for metadata and watermarks. Offsets are
+    /// never committed: such a reader has no place it must resume from.
+    pub fn reader(&self) -> ClientConfig {
+        let mut config = self.base();
+        config
+            .set("group.id", "herald.reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("isolation.level", "read_committed");
+        config
+    }
+
+    /// An admin client (topic creation, configs).
+    pub fn admin(&self) -> ClientConfig {
+        self.base()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(kafka: &KafkaConfig) -> [ClientConfig; 5] {
+        [kafka.producer(), kafka.consumer("g"), kafka.group_admin("g"), kafka.reader(), kafka.admin()]
+    }
+
+    #[test]
+    fn every_client_carries_the_connection_settings() {
+        let kafka = KafkaConfig::new("b1:9092,b2:9092").with("security.protocol", "SSL").with("client.id", "herald");
+        for config in kinds(&kafka) {
+            assert_eq!(config.get("bootstrap.servers"), Some("b1:9092,b2:9092"));
+            assert_eq!(config.get("security.protocol"), Some("SSL"));
+            assert_eq!(config.get("client.id"), Some("herald"));
+        }
+    }
+
+    #[test]
+    fn a_later_connection_setting_replaces_an_earlier_one() {
+        let kafka = KafkaConfig::new("b").with("client.id", "a").with("client.id", "b");
+        assert_eq!(kafka.connection(), &[("client.id".to_owned(), "b".to_owned())]);
+    }
+
+    #[test]
+    fn delivery_promises_hold() {
+        let kafka = KafkaConfig::new("b");
+        let producer = kafka.producer();
+        assert_eq!(producer.get("enable.idempotence"), Some("true"));
+        assert_eq!(producer.get("acks"), Some("all"));
+        let consumer = kafka.consumer("g");
+        assert_eq!(consumer.get("enable.auto.offset.store"), Some("false"));
+        assert_eq!(kafka.reader().get("enable.auto.commit"), Some("false"));
+        assert_eq!(kafka.group_admin("g").get("enable.auto.commit"), Some("false"));
+    }
 }

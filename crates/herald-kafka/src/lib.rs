@@ -1,5 +1,6 @@
-//! Kafka plumbing every role shares: client settings that carry Herald's
-//! delivery promises, topic creation, and the embedded broker.
+//! Kafka plumbing every role shares: the one client builder
+//! ([`KafkaConfig`]) whose settings carry Herald's delivery promises, topic
+//! creation, and the embedded broker.
 //!
 //! Settings live here, not in each role, because they *are* the promises:
 //! producers are idempotent with `acks=all` (a record is acknowledged only
@@ -12,7 +13,7 @@ mod embedded;
 pub mod offsets;
 mod topics;
 
-pub use config::{consumer_config, producer_config};
+pub use config::KafkaConfig;
 pub use embedded::EmbeddedKafka;
 pub use topics::{Replication, TopicError, TopicSettings, ensure_topics};
 

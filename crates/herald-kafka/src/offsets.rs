@@ -8,7 +8,9 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::KafkaConfig;
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -31,8 +33,8 @@ impl PartitionState {
     }
 }
 
-fn client(brokers: &str, group: &str) -> Result<BaseConsumer, KafkaError> {
-    ClientConfig::new().set("bootstrap.servers", brokers).set("group.id", group).set("enable.auto.commit", "false").create()
+fn client(kafka: &KafkaConfig, group: &str) -> Result<BaseConsumer, KafkaError> {
+    kafka.group_admin(group).create()
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, KafkaError> + Send + 'static) -> Result<T, KafkaError> {
@@ -78,45 +80,77 @@ fn cluster_moving(error: &KafkaError) -> bool {
 }
 
 /// Every partition of `topic`: `group`'s committed offset and the watermarks.
-pub async fn partition_states(brokers: &str, group: &str, topic: &str) -> Result<Vec<PartitionState>, KafkaError> {
-    let (brokers, group, topic) = (brokers.to_owned(), group.to_owned(), topic.to_owned());
+pub async fn partition_states(kafka: &KafkaConfig, group: &str, topic: &str) -> Result<Vec<PartitionState>, KafkaError> {
+    let (kafka, group, topic) = (kafka.clone(), group.to_owned(), topic.to_owned());
     blocking(move || {
-        let client = client(&brokers, &group)?;
+        let client = client(&kafka, &group)?;
         while_cluster_moves(|| states(&client, &topic))
     })
     .await
 }
 
 fn states(client: &BaseConsumer, topic: &str) -> Result<Vec<PartitionState>, KafkaError> {
-    let metadata = client.fetch_metadata(Some(topic), TIMEOUT)?;
-    let partitions: Vec<i32> = metadata.topics().iter().flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+    let marks = fetch_watermarks(client, topic, TIMEOUT)?;
     let mut tpl = TopicPartitionList::new();
-    for p in &partitions {
-        tpl.add_partition(topic, *p);
+    for m in &marks {
+        tpl.add_partition(topic, m.partition);
     }
     let committed = client.committed_offsets(tpl, TIMEOUT)?;
-    let mut out = Vec::with_capacity(partitions.len());
-    for p in partitions {
-        let (low, high) = client.fetch_watermarks(topic, p, TIMEOUT)?;
-        let committed = match committed.find_partition(topic, p).map(|e| e.offset()) {
-            Some(Offset::Offset(n)) => Some(n),
-            _ => None,
-        };
-        out.push(PartitionState { partition: p, committed, low, high });
+    let out = marks
+        .into_iter()
+        .map(|m| {
+            let committed = match committed.find_partition(topic, m.partition).map(|e| e.offset()) {
+                Some(Offset::Offset(n)) => Some(n),
+                _ => None,
+            };
+            PartitionState { partition: m.partition, committed, low: m.low, high: m.high }
+        })
+        .collect();
+    Ok(out)
+}
+
+/// One partition's retained range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermarks {
+    pub partition: i32,
+    /// Earliest retained offset.
+    pub low: i64,
+    /// Offset the next record will get.
+    pub high: i64,
+}
+
+/// Every partition of `topic` with its watermarks, in partition order; empty
+/// when the topic does not exist.
+pub async fn watermarks(kafka: &KafkaConfig, topic: &str) -> Result<Vec<Watermarks>, KafkaError> {
+    let (kafka, topic) = (kafka.clone(), topic.to_owned());
+    blocking(move || {
+        let client: BaseConsumer = kafka.reader().create()?;
+        while_cluster_moves(|| fetch_watermarks(&client, &topic, TIMEOUT))
+    })
+    .await
+}
+
+/// [`watermarks`] through a client the caller already has (blocking).
+pub fn fetch_watermarks(client: &BaseConsumer, topic: &str, timeout: Duration) -> Result<Vec<Watermarks>, KafkaError> {
+    let metadata = client.fetch_metadata(Some(topic), timeout)?;
+    let mut out = Vec::new();
+    for p in metadata.topics().iter().flat_map(|t| t.partitions()) {
+        let (low, high) = client.fetch_watermarks(topic, p.id(), timeout)?;
+        out.push(Watermarks { partition: p.id(), low, high });
     }
-    out.sort_by_key(|s| s.partition);
+    out.sort_by_key(|m| m.partition);
     Ok(out)
 }
 
 /// Commits `offsets` (partition, next offset to read) for `group`, which must
 /// not be running: the commit is made outside any group generation.
-pub async fn commit(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i64)]) -> Result<(), KafkaError> {
-    let (brokers, group, topic, offsets) = (brokers.to_owned(), group.to_owned(), topic.to_owned(), offsets.to_vec());
+pub async fn commit(kafka: &KafkaConfig, group: &str, topic: &str, offsets: &[(i32, i64)]) -> Result<(), KafkaError> {
+    let (kafka, group, topic, offsets) = (kafka.clone(), group.to_owned(), topic.to_owned(), offsets.to_vec());
     blocking(move || {
         if offsets.is_empty() {
             return Ok(());
         }
-        let client = client(&brokers, &group)?;
+        let client = client(&kafka, &group)?;
         let mut tpl = TopicPartitionList::new();
         for (p, offset) in &offsets {
             tpl.add_partition_offset(&topic, *p, Offset::Offset(*offset))?;
@@ -129,14 +163,14 @@ pub async fn commit(brokers: &str, group: &str, topic: &str, offsets: &[(i32, i6
 /// Per partition, the first offset whose record time is at or after
 /// `time_ms`; the high watermark where no record is that recent.
 pub async fn offsets_for_time(
-    brokers: &str,
+    kafka: &KafkaConfig,
     topic: &str,
     partitions: &[PartitionState],
     time_ms: i64,
 ) -> Result<Vec<(i32, i64)>, KafkaError> {
-    let (brokers, topic, partitions) = (brokers.to_owned(), topic.to_owned(), partitions.to_vec());
+    let (kafka, topic, partitions) = (kafka.clone(), topic.to_owned(), partitions.to_vec());
     blocking(move || {
-        let client = client(&brokers, "herald.offsets-for-time")?;
+        let client = client(&kafka, "herald.offsets-for-time")?;
         let mut tpl = TopicPartitionList::new();
         for p in &partitions {
             tpl.add_partition_offset(&topic, p.partition, Offset::Offset(time_ms))?;

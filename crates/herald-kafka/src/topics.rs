@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
+use crate::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -78,10 +78,9 @@ pub struct Replication {
 /// operator's back; `herald status` shows them). Topics that already exist
 /// are not asked for at all, so this also works against brokers without
 /// CreateTopics (the mock cluster) once they exist.
-pub async fn ensure_topics(brokers: &str, topics: &[&str], settings: TopicSettings) -> Result<(), TopicError> {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().map_err(TopicError::Config)?;
-    let cluster = describe_cluster(brokers).await.map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
+pub async fn ensure_topics(kafka: &KafkaConfig, topics: &[&str], settings: TopicSettings) -> Result<(), TopicError> {
+    let admin: AdminClient<DefaultClientContext> = kafka.admin().create().map_err(TopicError::Config)?;
+    let cluster = describe_cluster(kafka).await.map_err(|source| TopicError::Create { topic: topics.join(","), source })?;
     let missing: Vec<&str> = topics.iter().copied().filter(|t| !cluster.topics.iter().any(|e| e == t)).collect();
     if missing.is_empty() {
         return Ok(());
@@ -114,10 +113,10 @@ struct ClusterView {
     brokers: usize,
 }
 
-async fn describe_cluster(brokers: &str) -> Result<ClusterView, KafkaError> {
-    let brokers = brokers.to_owned();
+async fn describe_cluster(kafka: &KafkaConfig) -> Result<ClusterView, KafkaError> {
+    let kafka = kafka.clone();
     tokio::task::spawn_blocking(move || {
-        let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
+        let client: BaseConsumer = kafka.reader().create()?;
         let metadata = client.fetch_metadata(None, Duration::from_secs(30))?;
         let topics = metadata.topics().iter().filter(|t| t.error().is_none()).map(|t| t.name().to_owned()).collect();
         Ok(ClusterView { topics, brokers: metadata.brokers().len() })

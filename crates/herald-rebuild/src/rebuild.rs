@@ -5,14 +5,12 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use herald_consumer::Projection;
 use herald_consumer::replay::{self, ReplayProgress};
+use herald_kafka::{KafkaConfig, offsets};
 use herald_projections::search::DocumentRow;
 use herald_store::Db;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
@@ -32,7 +30,7 @@ pub enum SwitchMode {
 
 #[derive(Debug, Clone)]
 pub struct RebuildOptions {
-    pub brokers: String,
+    pub kafka: KafkaConfig,
     pub topic: String,
     pub switch: SwitchMode,
     /// Replay to the end of the topic and verify against the projection's
@@ -76,7 +74,7 @@ impl std::fmt::Debug for FaultPoint {
 impl Default for RebuildOptions {
     fn default() -> Self {
         RebuildOptions {
-            brokers: String::new(),
+            kafka: KafkaConfig::new(""),
             topic: String::new(),
             switch: SwitchMode::Auto,
             offline: false,
@@ -143,7 +141,7 @@ pub async fn rebuild<P: Projection>(
     let verb = if resumed { "resuming" } else { "building" };
     progress.phase(&format!("{} {verb} generation {generation}: replaying to the boundary", P::NAME));
     let replayed =
-        replay::replay(db, projection, &options.brokers, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p))
+        replay::replay(db, projection, &options.kafka, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p))
             .await?;
     let mut report = report::<P>(generation, previous_active, BUILDING, options, replayed, false);
     report.resumed = resumed;
@@ -209,7 +207,7 @@ enum Opened {
 /// or offline at least the end of the topic).
 async fn open<P: Projection>(db: &Db, options: &RebuildOptions, previous_active: i64) -> Result<Opened, RebuildError> {
     let settled_before_ms = db_now(db).await?;
-    let watermarks = watermarks(&options.brokers, &options.topic).await?;
+    let watermarks = watermarks(&options.kafka, &options.topic).await?;
     let (starts, documents) = plan::<P>(db, options, previous_active, &watermarks).await?;
     let boundary = if options.offline { Boundary::Offline { settled_before_ms } } else { Boundary::Live };
     if options.dry_run {
@@ -306,22 +304,7 @@ async fn db_now(db: &Db) -> Result<i64, RebuildError> {
 }
 
 /// Start (low watermark) and end (high watermark) of every partition.
-pub async fn watermarks(brokers: &str, topic: &str) -> Result<Vec<Position>, RebuildError> {
-    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
-    tokio::task::spawn_blocking(move || {
-        let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
-        let timeout = Duration::from_secs(30);
-        let metadata = client.fetch_metadata(Some(&topic), timeout)?;
-        let mut out = Vec::new();
-        for t in metadata.topics() {
-            for p in t.partitions() {
-                let (low, high) = client.fetch_watermarks(&topic, p.id(), timeout)?;
-                out.push(Position { partition: p.id(), next_offset: low, boundary_offset: high });
-            }
-        }
-        out.sort_by_key(|p| p.partition);
-        Ok(out)
-    })
-    .await
-    .map_err(|e| RebuildError::State(format!("watermark thread: {e}")))?
+pub async fn watermarks(kafka: &KafkaConfig, topic: &str) -> Result<Vec<Position>, RebuildError> {
+    let marks = offsets::watermarks(kafka, topic).await?;
+    Ok(marks.into_iter().map(|m| Position { partition: m.partition, next_offset: m.low, boundary_offset: m.high }).collect())
 }

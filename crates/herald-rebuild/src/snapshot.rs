@@ -14,7 +14,7 @@
 //! whoever can write the file can recompute it — keep snapshots where only
 //! operators write.
 
-use herald_kafka::offsets;
+use herald_kafka::{KafkaConfig, offsets};
 use herald_projections::search::DocumentRow;
 use herald_store::{Backend, Db, StoreError, now_ms};
 use serde::{Deserialize, Serialize};
@@ -92,8 +92,8 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Takes a snapshot of `P`'s active generation, consistent with the live
 /// group's committed offsets on `topic`.
-pub async fn take<P: Projection>(db: &Db, brokers: &str, live_group: &str, topic: &str) -> Result<Snapshot, RebuildError> {
-    let states = offsets::partition_states(brokers, live_group, topic).await?;
+pub async fn take<P: Projection>(db: &Db, kafka: &KafkaConfig, live_group: &str, topic: &str) -> Result<Snapshot, RebuildError> {
+    let states = offsets::partition_states(kafka, live_group, topic).await?;
     if states.is_empty() {
         return Err(RebuildError::Snapshot(format!("topic {topic} has no partitions (does it exist?)")));
     }

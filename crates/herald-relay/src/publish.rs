@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use futures::future::{BoxFuture, FutureExt};
+use herald_kafka::KafkaConfig;
 use herald_store::outbox::OutboxRow;
 use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
@@ -24,8 +25,8 @@ use crate::PublishError;
 /// successors. Without a timeout an unreachable broker keeps rows in flight
 /// (the relay keeps renewing its lease) and they go out in order when it
 /// returns; a relay that stops gives up on them and they are republished.
-pub fn producer_config(brokers: &str) -> ClientConfig {
-    let mut config = herald_kafka::producer_config(brokers);
+pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut config = kafka.producer();
     config.set("message.timeout.ms", "0").set("queue.buffering.max.messages", "1000000").set("queue.buffering.max.kbytes", "1048576");
     config
 }
@@ -39,8 +40,8 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(brokers: &str, overrides: &[(String, String)]) -> Result<Publisher, KafkaError> {
-        let mut config = producer_config(brokers);
+    pub(crate) fn new(kafka: &KafkaConfig, overrides: &[(String, String)]) -> Result<Publisher, KafkaError> {
+        let mut config = producer_config(kafka);
         for (key, value) in overrides {
             config.set(key, value);
         }

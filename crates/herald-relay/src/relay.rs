@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use herald_kafka::KafkaConfig;
 use herald_store::Db;
 use herald_store::relay::{self as store, SLICES};
 use tokio::sync::watch;
@@ -35,8 +36,8 @@ struct Held {
 }
 
 impl Relay {
-    pub fn new(db: Db, brokers: &str, config: RelayConfig) -> Result<Relay, RelayError> {
-        let publisher = Publisher::new(brokers, &config.producer).map_err(RelayError::Producer)?;
+    pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
+        let publisher = Publisher::new(kafka, &config.producer).map_err(RelayError::Producer)?;
         let (wake, _) = watch::channel(0);
         let shared = Shared { db, publisher, config, stats: Arc::default(), wake };
         Ok(Relay { shared: Arc::new(shared) })

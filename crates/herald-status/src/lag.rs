@@ -15,10 +15,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_kafka::Topics;
+use herald_kafka::{KafkaConfig, Topics};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 
 use crate::StatusError;
 use crate::durability::{PartitionReplicas, TopicDurability};
@@ -50,20 +50,14 @@ impl KafkaProbe {
     /// A probe of `topics` and of the groups `<group_prefix>.<subscription>`
     /// on the events topic. Nothing is sent yet; `timeout` bounds each call.
     pub fn new(
-        brokers: &str,
+        kafka: &KafkaConfig,
         topics: &Topics,
         group_prefix: &str,
         subscriptions: &[&str],
         timeout: Duration,
     ) -> Result<KafkaProbe, KafkaError> {
-        let client = |group: &str| -> Result<BaseConsumer, KafkaError> {
-            ClientConfig::new()
-                .set("bootstrap.servers", brokers)
-                .set("group.id", group)
-                // Never joins the group or commits for it: it only asks.
-                .set("enable.auto.commit", "false")
-                .create()
-        };
+        // Never joins the group or commits for it: it only asks.
+        let client = |group: &str| -> Result<BaseConsumer, KafkaError> { kafka.group_admin(group).create() };
         let groups = subscriptions
             .iter()
             .map(|s| {
@@ -76,7 +70,7 @@ impl KafkaProbe {
             events: topics.events.clone(),
             reader: client(&format!("{group_prefix}.status-reader"))?,
             groups,
-            configs: ConfigReader::new(brokers, timeout)?,
+            configs: ConfigReader::new(kafka, timeout)?,
             timeout,
         };
         Ok(KafkaProbe { inner: Arc::new(inner) })

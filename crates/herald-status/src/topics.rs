@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::ClientConfig;
+use herald_kafka::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, ConfigResourceResult, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
@@ -49,8 +49,8 @@ pub(crate) struct ConfigReader {
 }
 
 impl ConfigReader {
-    pub fn new(brokers: &str, timeout: Duration) -> Result<ConfigReader, KafkaError> {
-        let admin = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    pub fn new(kafka: &KafkaConfig, timeout: Duration) -> Result<ConfigReader, KafkaError> {
+        let admin = kafka.admin().create()?;
         Ok(ConfigReader { admin, timeout, last: Mutex::new(None) })
     }
 

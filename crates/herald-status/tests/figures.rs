@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use herald_kafka::{TopicSettings, Topics};
+use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_status::{KafkaProbe, Monitor, MonitorConfig, TopicDurability, queries};
 use herald_store::Db;
 use herald_testkit::TestDb;
@@ -216,7 +216,7 @@ async fn figures_match_the_rows_on_sqlite() -> anyhow::Result<()> {
 async fn lag_is_end_minus_committed_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("status"));
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
     let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
     for (topic, partition, n) in [(&topics.events, 0, 5), (&topics.events, 1, 3), (&topics.commands, 0, 2)] {
         for i in 0..n {
@@ -240,7 +240,7 @@ async fn lag_is_end_minus_committed_on_the_real_broker() -> anyhow::Result<()> {
     commit("search", &[(0, 2), (1, 3)])?;
     commit("notify", &[(0, 5)])?;
 
-    let probe = KafkaProbe::new(&brokers, &topics, &prefix, &SUBSCRIPTIONS, Duration::from_secs(30))?;
+    let probe = KafkaProbe::new(&KafkaConfig::new(&brokers), &topics, &prefix, &SUBSCRIPTIONS, Duration::from_secs(30))?;
     let kafka = probe.collect().await?;
     assert_eq!(kafka.end_offsets, [(topics.commands.clone(), 2), (topics.events.clone(), 8)].into());
     let lags: Vec<(&str, &str, i64)> = kafka.groups.iter().map(|g| (g.subscription.as_str(), g.group.as_str(), g.lag)).collect();
@@ -262,7 +262,7 @@ async fn an_unreachable_broker_leaves_lag_unknown_and_says_why() -> anyhow::Resu
     let test_db = herald_testkit::sqlite_db()?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
     seed(&db).await?;
-    let probe = KafkaProbe::new("127.0.0.1:1", &Topics::default(), "herald", &SUBSCRIPTIONS, Duration::from_secs(1))?;
+    let probe = KafkaProbe::new(&KafkaConfig::new("127.0.0.1:1"), &Topics::default(), "herald", &SUBSCRIPTIONS, Duration::from_secs(1))?;
     let status = herald_status::collect(&db, Some(&probe), &SUBSCRIPTIONS).await?;
     assert!(status.kafka.is_none() && status.subscriptions.iter().all(|s| s.lag.is_none()));
     assert!(status.kafka_error.as_deref().is_some_and(|e| e.starts_with("kafka")), "{:?}", status.kafka_error);
@@ -289,8 +289,9 @@ async fn settled_topics(probe: &KafkaProbe) -> anyhow::Result<Vec<TopicDurabilit
 async fn probe_of(settings: TopicSettings) -> anyhow::Result<(Topics, KafkaProbe)> {
     let brokers = herald_testkit::real_broker()?;
     let topics = Topics::with_prefix(&herald_testkit::unique("durability"));
-    herald_kafka::ensure_topics(&brokers, &topics.all(), settings).await?;
-    let probe = KafkaProbe::new(&brokers, &topics, &herald_testkit::unique("herald"), &SUBSCRIPTIONS, Duration::from_secs(30))?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), settings).await?;
+    let probe =
+        KafkaProbe::new(&KafkaConfig::new(&brokers), &topics, &herald_testkit::unique("herald"), &SUBSCRIPTIONS, Duration::from_secs(30))?;
     Ok((topics, probe))
 }
 
@@ -353,7 +354,7 @@ async fn one_replica_is_flagged_with_its_reasons() -> anyhow::Result<()> {
 async fn the_mock_cluster_leaves_settings_unknown_not_the_status() -> anyhow::Result<()> {
     let topics = Topics::default();
     let kafka = herald_kafka::EmbeddedKafka::start(3, &topics.all(), 2)?;
-    let probe = KafkaProbe::new(kafka.bootstrap_servers(), &topics, "herald", &SUBSCRIPTIONS, Duration::from_secs(10))?;
+    let probe = KafkaProbe::new(&KafkaConfig::new(kafka.bootstrap_servers()), &topics, "herald", &SUBSCRIPTIONS, Duration::from_secs(10))?;
     let started = std::time::Instant::now();
     let figures = probe.collect().await?;
     // Refused at once, not waited out: the monitor refreshes every second.

@@ -55,8 +55,14 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-    let sources =
-        Sources { db: &db, brokers, topics: &topics, artifacts, provider_url: args.notify_url.clone(), kafka_timeout: args.kafka_timeout };
+    let sources = Sources {
+        db: &db,
+        kafka: &crate::config::kafka_config(brokers),
+        topics: &topics,
+        artifacts,
+        provider_url: args.notify_url.clone(),
+        kafka_timeout: args.kafka_timeout,
+    };
     let report = match herald_audit::audit(&sources).await {
         Ok((report, _)) => report,
         Err(e) => {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use herald_consumer::{AfterCommit, Metrics, Options, Order};
-use herald_kafka::Topics;
+use herald_kafka::{KafkaConfig, Topics};
 use herald_store::Db;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -67,13 +67,13 @@ fn pause_after_commit(at: u64) -> AfterCommit {
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     // Keeps the embedded broker and data directory alive, when used.
     let mut _embedded = None;
-    let (db, brokers, topics) = match &args.backends.kafka {
+    let (db, kafka, topics) = match &args.backends.kafka {
         None => {
             // Embedded broker: no other process can reach it; a toy run.
             let env = args.backends.resolve().await?;
             let wiring = env.wiring.clone();
             _embedded = Some(env);
-            (wiring.db, wiring.brokers, wiring.topics)
+            (wiring.db, wiring.kafka, wiring.topics)
         }
         Some(brokers) => {
             let Some(url) = &args.backends.database else {
@@ -82,8 +82,9 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             };
             let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
             let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-            ensure_topics(brokers, &topics, args.backends.topic.settings()).await;
-            (db, brokers.clone(), topics)
+            let kafka = crate::config::kafka_config(brokers);
+            ensure_topics(&kafka, &topics, args.backends.topic.settings()).await;
+            (db, kafka, topics)
         }
     };
     let options = Options {
@@ -92,7 +93,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         after_commit: args.fault.map(pause_after_commit),
         ..Options::default()
     };
-    let sub = args.subscription.subscription(&args.backends.group_prefix, &brokers, &topics.events);
+    let sub = args.subscription.subscription(&args.backends.group_prefix, &kafka, &topics.events);
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {
@@ -126,8 +127,8 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
 /// Creates the topics when missing (`ensure_topics` asks nothing of a
 /// broker that lists them already, so the mock cluster of a test process,
 /// which has no CreateTopics, is fine once they exist).
-async fn ensure_topics(brokers: &str, topics: &Topics, settings: herald_kafka::TopicSettings) {
-    if let Err(e) = herald_kafka::ensure_topics(brokers, &topics.all(), settings).await {
+async fn ensure_topics(kafka: &KafkaConfig, topics: &Topics, settings: herald_kafka::TopicSettings) {
+    if let Err(e) = herald_kafka::ensure_topics(kafka, &topics.all(), settings).await {
         warn!(error = %e, "could not create topics; subscribing anyway");
     }
 }

@@ -162,7 +162,7 @@ async fn build_generation<P: Projection>(
     }
     let topics = on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let options = RebuildOptions {
-        brokers: brokers.clone(),
+        kafka: crate::config::kafka_config(brokers),
         topic: topics.events,
         switch: match build.switch {
             SwitchArg::Auto => SwitchMode::Auto,

@@ -49,10 +49,11 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
-    let (topic_brokers, settings) = (brokers.clone(), args.topic.settings());
+    let kafka = crate::config::kafka_config(brokers);
+    let (topic_kafka, settings) = (kafka.clone(), args.topic.settings());
     tokio::spawn(async move {
         let topics = Topics::default();
-        if let Err(e) = herald_kafka::ensure_topics(&topic_brokers, &topics.all(), settings).await {
+        if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &topics.all(), settings).await {
             warn!(error = %e, "could not make sure Herald's topics exist");
         }
     });
@@ -61,7 +62,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     if let Some(owner) = args.owner {
         config.owner = owner;
     }
-    let relay = Relay::new(db, brokers, config)?;
+    let relay = Relay::new(db, &kafka, config)?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     tokio::spawn(async move {

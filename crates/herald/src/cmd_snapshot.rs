@@ -42,7 +42,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
     let db = Db::connect_and_migrate(url).await?;
     let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let group = format!("{}.search", args.on.group_prefix);
-    let taken = match snapshot::take::<Search>(&db, brokers, &group, &topics.events).await {
+    let taken = match snapshot::take::<Search>(&db, &crate::config::kafka_config(brokers), &group, &topics.events).await {
         Ok(taken) => taken,
         Err(e @ RebuildError::Snapshot(_)) => {
             eprintln!("error: {e}");

@@ -50,7 +50,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let probe = match &args.kafka {
         Some(brokers) => {
             let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-            Some(KafkaProbe::new(brokers, &topics, &args.group_prefix, &names, args.kafka_timeout)?)
+            Some(KafkaProbe::new(&crate::config::kafka_config(brokers), &topics, &args.group_prefix, &names, args.kafka_timeout)?)
         }
         None => None,
     };

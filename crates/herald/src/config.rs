@@ -5,7 +5,7 @@
 use anyhow::Context;
 use clap::Args;
 use herald_api::Tokens;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::Db;
 use tempfile::TempDir;
 use tracing::info;
@@ -86,14 +86,15 @@ impl Backends {
         };
         let db = Db::connect_and_migrate(&database).await.with_context(|| format!("database {database}"))?;
         let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-        let (brokers, embedded) = match &self.kafka {
+        let (kafka, embedded) = match &self.kafka {
             Some(brokers) => {
-                herald_kafka::ensure_topics(brokers, &topics.all(), self.topic.settings()).await?;
-                (brokers.clone(), None)
+                let kafka = kafka_config(brokers);
+                herald_kafka::ensure_topics(&kafka, &topics.all(), self.topic.settings()).await?;
+                (kafka, None)
             }
             None => {
-                let kafka = EmbeddedKafka::start(1, &topics.all(), self.topic.partitions)?;
-                (kafka.bootstrap_servers().to_owned(), Some(kafka))
+                let embedded = EmbeddedKafka::start(1, &topics.all(), self.topic.partitions)?;
+                (kafka_config(embedded.bootstrap_servers()), Some(embedded))
             }
         };
         let (tokens, default_token) = match &self.tokens {
@@ -104,12 +105,18 @@ impl Backends {
             }
         };
         let artifacts = self.artifacts.clone().unwrap_or_else(|| data_dir.path().join("artifacts").display().to_string());
-        info!(%database, %brokers, %artifacts, "backends ready");
+        info!(%database, brokers = %kafka.brokers(), %artifacts, "backends ready");
         Ok(Environment {
-            wiring: Wiring { db, brokers, topics, group_prefix: self.group_prefix.clone(), artifacts, tokens },
+            wiring: Wiring { db, kafka, topics, group_prefix: self.group_prefix.clone(), artifacts, tokens },
             default_token,
             _embedded_kafka: embedded,
             _data_dir: Some(data_dir),
         })
     }
+}
+
+/// The one place the binary turns `--kafka` into the configuration every
+/// Kafka client of every role is built from.
+pub fn kafka_config(brokers: &str) -> KafkaConfig {
+    KafkaConfig::new(brokers)
 }

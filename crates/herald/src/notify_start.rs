@@ -89,7 +89,7 @@ impl std::error::Error for Refused {}
 /// or refuses. Run before the subscription joins its group.
 pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> anyhow::Result<()> {
     for topic in &sub.topics {
-        let states = offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let states = offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
         let unpositioned: Vec<PartitionState> = states.into_iter().filter(|s| s.committed.is_none()).collect();
         if unpositioned.is_empty() {
             if start_at.is_some() {
@@ -101,7 +101,7 @@ pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> 
         let decided: Vec<(i32, i64)> = recorded.iter().copied().filter(|(p, _)| unpositioned.iter().any(|s| s.partition == *p)).collect();
         if decided.len() == unpositioned.len() {
             info!(group = %sub.group, topic, ?decided, "committing the start position decided before a restart");
-            offsets::commit(&sub.brokers, &sub.group, topic, &decided).await?;
+            offsets::commit(&sub.kafka, &sub.group, topic, &decided).await?;
             continue;
         }
         let with_history: Vec<&PartitionState> = unpositioned.iter().filter(|s| s.has_records()).collect();
@@ -115,10 +115,10 @@ pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> 
                 .into());
             }
             None | Some(StartAt::Latest) => unpositioned.iter().map(|s| (s.partition, s.high)).collect(),
-            Some(StartAt::Time(ms)) => offsets::offsets_for_time(&sub.brokers, topic, &unpositioned, ms).await?,
+            Some(StartAt::Time(ms)) => offsets::offsets_for_time(&sub.kafka, topic, &unpositioned, ms).await?,
         };
         start_positions::record(db, &sub.group, topic, &commit).await?;
-        match offsets::commit(&sub.brokers, &sub.group, topic, &commit).await {
+        match offsets::commit(&sub.kafka, &sub.group, topic, &commit).await {
             Ok(()) => info!(group = %sub.group, topic, ?commit, "notify start position committed"),
             // Without history the position is a convenience (the group starts
             // at the same place by itself); a chosen start must hold.

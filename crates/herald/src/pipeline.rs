@@ -14,7 +14,7 @@ use herald_export::artifact::ArtifactStore;
 use herald_export::faults::Faults;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
-use herald_kafka::Topics;
+use herald_kafka::{KafkaConfig, Topics};
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
 use herald_relay::{Relay, RelayConfig, RelayStats};
@@ -32,7 +32,7 @@ use crate::subscriptions;
 #[derive(Clone)]
 pub struct Wiring {
     pub db: Db,
-    pub brokers: String,
+    pub kafka: KafkaConfig,
     pub topics: Topics,
     /// Consumer groups are `<group_prefix>.<subscription>`.
     pub group_prefix: String,
@@ -154,7 +154,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     if roles.subscriptions {
         // Before any role runs: a refusal is the operator's decision to make,
         // not a role failure discovered later.
-        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+        let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
         notify_start::prepare(&wiring.db, &notify, options.notify_start_at).await?;
     }
     let shutdown = CancellationToken::new();
@@ -185,7 +185,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         monitor = Some(figures);
     }
     if roles.relay {
-        let relay = Relay::new(wiring.db.clone(), &wiring.brokers, RelayConfig::default())?;
+        let relay = Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig::default())?;
         if let Some(monitor) = &monitor {
             publish_relay_counters(monitor, relay.stats());
         }
@@ -227,7 +227,7 @@ async fn api(listener: TcpListener, app: axum::Router, shutdown: CancellationTok
 /// `/metrics` and `/status`.
 fn start_monitor(wiring: &Wiring) -> anyhow::Result<Arc<Monitor>> {
     let names: Vec<&str> = subscriptions::Name::ALL.iter().map(|n| n.as_str()).collect();
-    let probe = KafkaProbe::new(&wiring.brokers, &wiring.topics, &wiring.group_prefix, &names, Duration::from_secs(5))?;
+    let probe = KafkaProbe::new(&wiring.kafka, &wiring.topics, &wiring.group_prefix, &names, Duration::from_secs(5))?;
     Ok(Monitor::new(wiring.db.clone(), Some(probe), MonitorConfig::new(&names))?)
 }
 
@@ -283,7 +283,7 @@ fn spawn_worker_roles(
         clean.await;
         Ok(())
     });
-    let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.brokers, &[&topics.commands]);
+    let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.kafka, &[&topics.commands]);
     let worker = ExportWorker::new(db.clone(), topics, artifacts, policy, options.faults.clone());
     let shutdown = shutdown.clone();
     tasks.spawn(async move {
@@ -301,7 +301,7 @@ async fn subscription(
     start_at: Option<StartAt>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let sub = name.subscription(&wiring.group_prefix, &wiring.brokers, &wiring.topics.events);
+    let sub = name.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
     subscriptions::run_from(name, &wiring.db, &sub, &ConsumerOptions::default(), &metrics, start_at, shutdown).await?;
     Ok(())
 }

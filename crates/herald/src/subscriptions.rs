@@ -8,6 +8,7 @@ use herald_consumer::{
     Discarded, Handler, HandlerError, Live, Metrics, Options, Order, Projection, Record, RedriveOutcome, Snapshot, Subscription,
 };
 use herald_envelope::Registry;
+use herald_kafka::KafkaConfig;
 use herald_notify::intents::{self, NotifyHandler};
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
@@ -45,8 +46,8 @@ impl Name {
     }
 
     /// This subscription on `events_topic`, consumer group `<group_prefix>.<name>`.
-    pub fn subscription(self, group_prefix: &str, brokers: &str, events_topic: &str) -> Subscription {
-        Subscription::new(self.as_str(), group_prefix, brokers, &[events_topic])
+    pub fn subscription(self, group_prefix: &str, kafka: &KafkaConfig, events_topic: &str) -> Subscription {
+        Subscription::new(self.as_str(), group_prefix, kafka, &[events_topic])
     }
 }
 
@@ -103,7 +104,7 @@ pub fn live<P: Projection>(projection: P, sub: &Subscription) -> Live<P> {
 /// need (see `herald_rebuild::history`).
 async fn record_live_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
     for topic in &sub.topics {
-        let states = herald_kafka::offsets::partition_states(&sub.brokers, &sub.group, topic).await?;
+        let states = herald_kafka::offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
         let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
         herald_rebuild::history::record_live_start(db, &sub.name, topic, &starts).await?;
     }

@@ -21,7 +21,7 @@ mod audit_support;
 use std::process::Command;
 
 use audit_support::{CHECKS, Pipeline, Ran, all_ran, failing, named, one};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::Db;
 use herald_testkit::unique;
 use sqlx::Row;
@@ -116,7 +116,7 @@ async fn audit_is_clean_then_names_each_tamper_postgres_real_broker() -> anyhow:
     let brokers = herald_testkit::real_broker()?;
     let prefix = unique("audit");
     let topics = Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(3)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(3)).await?;
     audit_then_tamper(&test_db.url, &brokers, &topics, &prefix).await
 }
 

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use audit_support::{CHECKS, Pipeline, Ran, all_ran, count, failing, named, one};
 use herald_export::deletion::{self, Deletion};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Db, dead_letter};
 use herald_testkit::unique;
 
@@ -222,7 +222,7 @@ async fn each_new_check_fails_alone_on_its_tamper_postgres_real_broker() -> anyh
     let brokers = herald_testkit::real_broker()?;
     let prefix = unique("tamper");
     let topics = Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(3)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(3)).await?;
     each_check_fails_alone(&test_db.url, &brokers, &topics, &prefix, true).await
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use herald::bench::workload;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Db, dead_letter, inbox};
 use herald_testkit::TestDb;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -97,7 +97,7 @@ impl Bed {
 
     async fn publish(&self, from: usize, n: usize) -> anyhow::Result<()> {
         let events = workload::completions(&self.topics.events, &self.run, from + n)?;
-        workload::publish(&workload::producer(self.kafka.bootstrap_servers())?, &events[from..]).await
+        workload::publish(&workload::producer(&KafkaConfig::new(self.kafka.bootstrap_servers()))?, &events[from..]).await
     }
 
     /// Sum over partitions of the offsets `group` has committed.
@@ -254,7 +254,7 @@ async fn dlq_cli_lists_redrives_and_refuses_bad_input() -> anyhow::Result<()> {
     sqlx::query("CREATE TRIGGER refuse_poison BEFORE INSERT ON search_documents WHEN NEW.query = 'poison' BEGIN SELECT RAISE(ABORT, 'refused by defect'); END")
         .execute(bed.db.pool())
         .await?;
-    let producer = workload::producer(bed.kafka.bootstrap_servers())?;
+    let producer = workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?;
     workload::publish_raw(&producer, &bed.topics.events, "k", b"not an event", None).await?;
     let mut poison = workload::completion(&bed.run, 1);
     poison.query = "poison".into();

@@ -12,6 +12,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use herald::bench::workload;
+use herald_kafka::KafkaConfig;
 use herald_kafka::offsets;
 use herald_kafka::{TopicSettings, Topics};
 use herald_store::Db;
@@ -48,7 +49,7 @@ impl Bed {
     /// True when the group has committed every partition's end.
     async fn caught_up(&self) -> anyhow::Result<bool> {
         let group = format!("{}.stats", self.group_prefix);
-        let states = offsets::partition_states(&self.brokers, &group, &self.topics.events).await?;
+        let states = offsets::partition_states(&KafkaConfig::new(&self.brokers), &group, &self.topics.events).await?;
         Ok(states.len() == PARTITIONS as usize && states.iter().all(|p| p.committed == Some(p.high)))
     }
 }
@@ -72,7 +73,7 @@ async fn consumers_joining_and_leaving_under_load_apply_each_event_once() -> any
     let brokers = herald_testkit::real_broker()?;
     let prefix = herald_testkit::unique("churn");
     let topics = Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), TopicSettings::partitions(PARTITIONS)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), TopicSettings::partitions(PARTITIONS)).await?;
     let test_db = herald_testkit::postgres_db().await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let bed = Bed { url: test_db.url.clone(), brokers: brokers.clone(), prefix, group_prefix: herald_testkit::unique("herald"), topics };
@@ -82,7 +83,7 @@ async fn consumers_joining_and_leaving_under_load_apply_each_event_once() -> any
 
     let run = herald_testkit::unique("run");
     let events = workload::completions(&bed.topics.events, &run, EVENTS + AFTER)?;
-    let producer = workload::producer(&brokers)?;
+    let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     // Load: 50 events every 500 ms for about 30 s.
     let load = {
         let (producer, events) = (producer.clone(), events[..EVENTS].to_vec());

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures::future::BoxFuture;
 use herald_envelope::OutboxEvent;
+use herald_kafka::KafkaConfig;
 use herald_kafka::TopicSettings;
 use herald_relay::{Probe, ProbeAction, Probes, Relay, RelayConfig, RelayStats};
 use herald_store::{Db, outbox};
@@ -99,7 +100,7 @@ fn start_relay(db: Db, brokers: &str, owner: &str, probes: Probes) -> anyhow::Re
         ..RelayConfig::default()
     }
     .with_lease(Duration::from_secs(3));
-    let relay = Relay::new(db, brokers, config)?;
+    let relay = Relay::new(db, &KafkaConfig::new(brokers), config)?;
     let stats = relay.stats();
     let stop = CancellationToken::new();
     let token = stop.clone();
@@ -134,7 +135,7 @@ async fn check_published(db: &Db, brokers: &str, topic: &str, committed: &Commit
 
 async fn private_topic(brokers: &str, prefix: &str) -> anyhow::Result<String> {
     let topic = herald_testkit::unique(prefix);
-    herald_kafka::ensure_topics(brokers, &[&topic], TopicSettings::partitions(PARTITIONS)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(brokers), &[&topic], TopicSettings::partitions(PARTITIONS)).await?;
     Ok(topic)
 }
 
@@ -322,14 +323,14 @@ async fn whole_cluster_down_for_30s_then_everything_drains_once() -> anyhow::Res
     let brokers = cluster.bootstrap();
     let prefix = herald_testkit::unique("outage");
     let topics = herald_kafka::Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), TopicSettings::partitions(PARTITIONS)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), TopicSettings::partitions(PARTITIONS)).await?;
     let test_db = herald_testkit::postgres_db().await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let artifacts = tempfile::tempdir()?;
     let group_prefix = herald_testkit::unique("herald");
     let wiring = herald::pipeline::Wiring {
         db: db.clone(),
-        brokers: brokers.clone(),
+        kafka: KafkaConfig::new(brokers.as_str()),
         topics,
         group_prefix: group_prefix.clone(),
         artifacts: artifacts.path().display().to_string(),

@@ -25,7 +25,7 @@ use herald_export::artifact::ArtifactStore;
 use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::worker::{ExportWorker, Outcome};
 use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
@@ -92,7 +92,7 @@ async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<(
     let faults = race_point();
     let wiring = Wiring {
         db: db.clone(),
-        brokers: kafka.bootstrap_servers().to_owned(),
+        kafka: KafkaConfig::new(kafka.bootstrap_servers()),
         topics: topics.clone(),
         group_prefix: unique("herald"),
         artifacts: artifacts.clone(),

@@ -13,6 +13,7 @@ use chrono::{SecondsFormat, TimeZone, Utc};
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald::bench::workload;
 use herald_envelope::OutboxEvent;
+use herald_kafka::KafkaConfig;
 use herald_kafka::offsets;
 use herald_kafka::{EmbeddedKafka, Topics};
 use herald_store::{Db, inbox};
@@ -43,13 +44,14 @@ async fn bed(real_broker: bool) -> anyhow::Result<Bed> {
     let topics = Topics::with_prefix(&prefix);
     let (brokers, kafka) = if real_broker {
         let brokers = herald_testkit::real_broker()?;
-        herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
+        herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS))
+            .await?;
         (brokers, None)
     } else {
         let kafka = EmbeddedKafka::start(1, &topics.all(), PARTITIONS)?;
         (kafka.bootstrap_servers().to_owned(), Some(kafka))
     };
-    let producer = workload::producer(&brokers)?;
+    let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     Ok(Bed {
         db,
         url: test_db.url.clone(),
@@ -101,7 +103,7 @@ impl Bed {
     async fn wait_positioned(&self) -> anyhow::Result<Vec<offsets::PartitionState>> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let states = offsets::partition_states(&self.brokers, &self.group(), &self.topics.events).await?;
+            let states = offsets::partition_states(&KafkaConfig::new(&self.brokers), &self.group(), &self.topics.events).await?;
             if states.len() == PARTITIONS as usize && states.iter().all(|s| s.committed.is_some()) {
                 return Ok(states);
             }
@@ -153,7 +155,7 @@ async fn notify_refuses_to_start_from_history() -> anyhow::Result<()> {
     assert!(stderr.contains("refusing to start notifications from history"), "{stderr}");
     assert!(stderr.contains(&bed.group()) && stderr.contains("6 retained record(s)") && stderr.contains("--start-at latest"), "{stderr}");
     assert_eq!(inbox::count(&bed.db, "notify").await?, 0, "nothing was notified");
-    let states = offsets::partition_states(&bed.brokers, &bed.group(), &bed.topics.events).await?;
+    let states = offsets::partition_states(&KafkaConfig::new(&bed.brokers), &bed.group(), &bed.topics.events).await?;
     assert!(states.iter().all(|s| s.committed.is_none()), "a refusal leaves the group without a position: {states:?}");
 
     // `herald serve` starts the notify subscription too: the same refusal,
@@ -239,7 +241,11 @@ async fn start_at_time_starts_there_on_the_real_broker() -> anyhow::Result<()> {
     // Whatever the group was going to read it has read: nothing older hides
     // behind a slow partition.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !offsets::partition_states(&bed.brokers, &bed.group(), &bed.topics.events).await?.iter().all(|s| s.committed == Some(s.high)) {
+    while !offsets::partition_states(&KafkaConfig::new(&bed.brokers), &bed.group(), &bed.topics.events)
+        .await?
+        .iter()
+        .all(|s| s.committed == Some(s.high))
+    {
         anyhow::ensure!(Instant::now() < deadline, "the notify group never reached the end of the topic");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -273,7 +279,7 @@ async fn a_decision_recorded_before_a_crash_is_kept_after_it() -> anyhow::Result
     let positions: Vec<(i32, i64)> = (0..PARTITIONS).map(|p| (p, 0)).collect();
     // What the first process wrote before it died: the decision, not the commit.
     herald_store::start_positions::record(&bed.db, &bed.group(), &bed.topics.events, &positions).await?;
-    let states = offsets::partition_states(&bed.brokers, &bed.group(), &bed.topics.events).await?;
+    let states = offsets::partition_states(&KafkaConfig::new(&bed.brokers), &bed.group(), &bed.topics.events).await?;
     assert!(states.iter().all(|s| s.committed.is_none()), "nothing was committed: {states:?}");
     let arrived = bed.events(0, 6)?;
     workload::publish(&bed.producer, &arrived).await?;

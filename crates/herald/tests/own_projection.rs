@@ -8,6 +8,7 @@ use std::time::Duration;
 use herald::bench::workload;
 use herald_consumer::{Fingerprint, HandlerError, Live, Metrics, Options, Projection, Subscription};
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted};
+use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_rebuild::replay::ReplayProgress;
 use herald_rebuild::{Progress, RebuildOptions, generations, verify};
@@ -85,10 +86,10 @@ async fn own_projection_rebuilds(test_db: TestDb) -> anyhow::Result<()> {
     generations::register(&db, ByFormat::NAME).await?;
     let topics = Topics::with_prefix(&unique("own"));
     let brokers = herald_testkit::real_broker()?;
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
 
     // Its live subscription bears its name.
-    let sub = Subscription::new(ByFormat::NAME, &unique("herald"), &brokers, &[topics.events.as_str()]);
+    let sub = Subscription::new(ByFormat::NAME, &unique("herald"), &KafkaConfig::new(&brokers), &[topics.events.as_str()]);
     let stop = CancellationToken::new();
     let live = {
         let (db, sub, stop, topic) = (db.clone(), sub.clone(), stop.clone(), topics.events.clone());
@@ -96,12 +97,12 @@ async fn own_projection_rebuilds(test_db: TestDb) -> anyhow::Result<()> {
             herald_consumer::run_subscription(&sub, &db, &Live::new(ByFormat, &topic), &Options::default(), &Metrics::default(), stop).await
         })
     };
-    let producer = workload::producer(&brokers)?;
+    let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     let all = workload::completions(&topics.events, &unique("run"), 30)?;
     workload::publish(&producer, &all).await?;
     wait_until("30 counted live", Duration::from_secs(90), || async { Ok(counted(&db, 1).await? == 30) }).await?;
 
-    let options = RebuildOptions { brokers, topic: topics.events.clone(), batch: 7, ..RebuildOptions::default() };
+    let options = RebuildOptions { kafka: KafkaConfig::new(brokers), topic: topics.events.clone(), batch: 7, ..RebuildOptions::default() };
     let report = herald_rebuild::rebuild::rebuild(&db, &ByFormat, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.state.as_str(), report.switched), (2, "active", true), "{report:?}");
     let (one, two) = verify::fingerprints(&db, &ByFormat, 1, 2).await?;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use herald::bench::workload;
 use herald_envelope::OutboxEvent;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Backend, Db, dead_letter, inbox, parked};
 use herald_testkit::TestDb;
 use sqlx::Row;
@@ -116,7 +116,7 @@ async fn parked_behind_poison_then_settled(test_db: TestDb, settle: Settle) -> a
         e.partition_key = KEY.into();
     }
     let others: Vec<OutboxEvent> = workload::completions(&bed.topics.events, &run, 8)?.split_off(4);
-    let producer = workload::producer(bed.kafka.bootstrap_servers())?;
+    let producer = workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?;
     for (k, o) in keyed.iter().zip(&others) {
         workload::publish(&producer, &[k.clone(), o.clone()]).await?;
     }

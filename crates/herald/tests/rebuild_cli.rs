@@ -8,7 +8,7 @@ use std::time::Duration;
 use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_projections::search;
 use herald_rebuild::verify;
 use herald_store::Db;
@@ -30,7 +30,7 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
     let artifacts = tempfile::tempdir()?;
     let wiring = Wiring {
         db: db.clone(),
-        brokers: kafka.bootstrap_servers().to_owned(),
+        kafka: KafkaConfig::new(kafka.bootstrap_servers()),
         topics: topics.clone(),
         group_prefix: unique("herald"),
         artifacts: artifacts.path().display().to_string(),

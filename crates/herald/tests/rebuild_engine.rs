@@ -20,6 +20,7 @@ use herald::bench::workload;
 use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
 use herald_envelope::OutboxEvent;
+use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_projections::{search, stats};
 use herald_rebuild::replay::ReplayProgress;
@@ -51,16 +52,16 @@ async fn bed(test_db: TestDb, partitions: i32) -> anyhow::Result<Bed> {
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let topics = Topics::with_prefix(&unique("eng"));
     let brokers = herald_testkit::real_broker()?;
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(partitions)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(partitions)).await?;
     let wiring = Wiring {
         db: db.clone(),
-        brokers: brokers.clone(),
+        kafka: KafkaConfig::new(brokers.as_str()),
         topics,
         group_prefix: unique("herald"),
         artifacts: tempfile::tempdir()?.path().display().to_string(),
         tokens: Tokens::single("t", "alice"),
     };
-    Ok(Bed { db, producer: workload::producer(&brokers)?, wiring, run: unique("run"), _test_db: test_db })
+    Ok(Bed { db, producer: workload::producer(&KafkaConfig::new(&brokers))?, wiring, run: unique("run"), _test_db: test_db })
 }
 
 impl Bed {
@@ -71,7 +72,7 @@ impl Bed {
 
     fn options(&self) -> RebuildOptions {
         RebuildOptions {
-            brokers: self.wiring.brokers.clone(),
+            kafka: self.wiring.kafka.clone(),
             topic: self.wiring.topics.events.clone(),
             batch: 50,
             ..RebuildOptions::default()

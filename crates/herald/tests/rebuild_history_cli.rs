@@ -15,6 +15,7 @@ use anyhow::Context as _;
 use herald::bench::workload;
 use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
+use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_kafka::offsets::{self, PartitionState};
 use herald_projections::search;
@@ -66,10 +67,10 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let prefix = unique("hist");
     let topics = Topics::with_prefix(&prefix);
     let brokers = herald_testkit::real_broker()?;
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(PARTITIONS)).await?;
     let wiring = Wiring {
         db: db.clone(),
-        brokers: brokers.clone(),
+        kafka: KafkaConfig::new(brokers.as_str()),
         topics: topics.clone(),
         group_prefix: unique("herald"),
         artifacts: tempfile::tempdir()?.path().display().to_string(),
@@ -78,7 +79,7 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     let roles = Roles { api: None, relay: false, worker: false, subscriptions: true, dispatcher: false };
     let running = pipeline::start_roles(wiring.clone(), roles, Options::default()).await?;
     let live_group = format!("{}.search", wiring.group_prefix);
-    let producer = workload::producer(&brokers)?;
+    let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     let run = unique("run");
     let all = workload::completions(&topics.events, &run, 25)?;
     workload::publish(&producer, &all[..20]).await?;
@@ -91,12 +92,12 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
     assert_eq!(recorded, i64::from(PARTITIONS), "the live group's first start is recorded per partition");
 
     let truncated_to = truncate(&brokers, &topics.events, 0).await?;
-    let states = offsets::partition_states(&brokers, &live_group, &topics.events).await?;
+    let states = offsets::partition_states(&KafkaConfig::new(&brokers), &live_group, &topics.events).await?;
     let low = states[0].low;
     assert!(low > 0 && low == truncated_to && states[1].low == 0, "retention dropped the start of partition 0 only: {states:?}");
     let caught_up = |s: &[PartitionState]| s.iter().all(|p| p.committed == Some(p.high));
     wait_until("the live group to commit its position", || async {
-        Ok(caught_up(&offsets::partition_states(&brokers, &live_group, &topics.events).await?))
+        Ok(caught_up(&offsets::partition_states(&KafkaConfig::new(&brokers), &live_group, &topics.events).await?))
     })
     .await?;
 

@@ -1,6 +1,7 @@
 //! `herald status` as an operator runs it: the table, `--json`, lag and
 //! topic durability from the real broker, and a usage error.
 
+use herald_kafka::KafkaConfig;
 use std::process::{Command, Output};
 
 use herald_store::Db;
@@ -80,7 +81,7 @@ async fn status_measures_lag_on_the_real_broker() -> anyhow::Result<()> {
     let brokers = herald_testkit::real_broker()?;
     let prefix = herald_testkit::unique("status-cli");
     let topics = herald_kafka::Topics::with_prefix(&prefix);
-    herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(2)).await?;
     let test_db = herald_testkit::postgres_db().await?;
     Db::connect_and_migrate(&test_db.url).await?.close().await;
 

@@ -12,7 +12,7 @@ use herald::pipeline::{self, Options, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::artifact::ArtifactStore;
 use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::Db;
 use herald_testkit::{TestDb, unique};
 use sqlx::Row;
@@ -34,7 +34,7 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
     // A relay in this process publishes the command for the child to take.
     let wiring = Wiring {
         db: db.clone(),
-        brokers: kafka.bootstrap_servers().to_owned(),
+        kafka: KafkaConfig::new(kafka.bootstrap_servers()),
         topics: topics.clone(),
         group_prefix: group_prefix.clone(),
         artifacts: artifacts.path().display().to_string(),

@@ -18,7 +18,7 @@ use herald::pipeline::{self, Options, Roles, Running, Wiring};
 use herald_api::Tokens;
 use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Db, dead_letter};
 use herald_testkit::{TestDb, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -63,7 +63,7 @@ impl Bed {
     fn wiring(&self, db: &Db) -> Wiring {
         Wiring {
             db: db.clone(),
-            brokers: self.kafka.bootstrap_servers().to_owned(),
+            kafka: KafkaConfig::new(self.kafka.bootstrap_servers()),
             topics: self.topics.clone(),
             group_prefix: self.group_prefix.clone(),
             artifacts: self.artifacts.path().display().to_string(),
@@ -174,7 +174,14 @@ async fn poison_commands_are_dead_lettered_and_redriven(test_db: TestDb) -> anyh
     bed.refuse_poison().await?;
     let running = bed.start(&bed.db, true, true, Faults::none()).await?;
     let consumed = async {
-        workload::publish_raw(&workload::producer(bed.kafka.bootstrap_servers())?, &bed.topics.commands, "garbage", GARBAGE, None).await?;
+        workload::publish_raw(
+            &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
+            &bed.topics.commands,
+            "garbage",
+            GARBAGE,
+            None,
+        )
+        .await?;
         let poison = bed.submit("k-poison", "poison").await?;
         eventually("two dead letters", Duration::from_secs(60), || async { Ok(dead(&bed.db).await? == 2) }).await?;
         // Behind both poison records on the one partition.
@@ -260,7 +267,14 @@ async fn redriving_a_worker_letter_without_the_artifact_store_exits_2() -> anyho
     let bed = bed(herald_testkit::sqlite_db()?).await?;
     let running = bed.start(&bed.db, false, true, Faults::none()).await?;
     let parked = async {
-        workload::publish_raw(&workload::producer(bed.kafka.bootstrap_servers())?, &bed.topics.commands, "garbage", GARBAGE, None).await?;
+        workload::publish_raw(
+            &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
+            &bed.topics.commands,
+            "garbage",
+            GARBAGE,
+            None,
+        )
+        .await?;
         eventually("the garbage letter", Duration::from_secs(60), || async { Ok(dead(&bed.db).await? == 1) }).await
     }
     .await;

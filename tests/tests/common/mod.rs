@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use herald::pipeline::{self, Running, Wiring};
 use herald_api::Tokens;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::Db;
 use herald_testkit::TestDb;
 use serde_json::{Value, json};
@@ -62,14 +62,14 @@ pub async fn start(database: Database, broker: Broker) -> anyhow::Result<Stack> 
         }
         Broker::Real => {
             let brokers = herald_testkit::real_broker()?;
-            herald_kafka::ensure_topics(&brokers, &topics.all(), herald_kafka::TopicSettings::partitions(4)).await?;
+            herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &topics.all(), herald_kafka::TopicSettings::partitions(4)).await?;
             (brokers, None)
         }
     };
     let artifacts = tempfile::tempdir()?;
     let wiring = Wiring {
         db: db.clone(),
-        brokers,
+        kafka: KafkaConfig::new(brokers),
         topics,
         group_prefix: herald_testkit::unique("herald"),
         artifacts: artifacts.path().display().to_string(),

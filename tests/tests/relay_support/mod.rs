@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use herald_envelope::OutboxEvent;
 use herald_kafka::EmbeddedKafka;
+use herald_kafka::KafkaConfig;
 pub use herald_relay::RelayConfig;
 use herald_relay::{Probes, Relay, RelayStats};
 use herald_store::{Db, outbox};
@@ -106,7 +107,7 @@ impl Bench {
 
     /// A relay on its own pool, as another process would have.
     pub fn start_on(&self, db: Db, config: RelayConfig) -> anyhow::Result<Running> {
-        let relay = Relay::new(db, self.kafka.bootstrap_servers(), config)?;
+        let relay = Relay::new(db, &KafkaConfig::new(self.kafka.bootstrap_servers()), config)?;
         let stats = relay.stats();
         let stop = CancellationToken::new();
         let token = stop.clone();

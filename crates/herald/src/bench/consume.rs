@@ -17,7 +17,7 @@ use anyhow::Context;
 use clap::Args;
 use herald_consumer::{Metrics, Options, Subscription};
 use herald_envelope::{ExportCompleted, OutboxEvent};
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_projections::search::{self, Search};
 use herald_store::{Db, inbox, now_ms};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -92,9 +92,9 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
     let run_id = &run_id[24..];
     let rounds: Vec<Topics> = (0..args.rounds).map(|r| Topics::with_prefix(&format!("bench-{run_id}-{r}"))).collect();
     let all: Vec<&str> = rounds.iter().flat_map(|t| t.all()).collect();
-    let kafka = EmbeddedKafka::start(1, &all, args.partitions)?;
-    let brokers = kafka.bootstrap_servers().to_owned();
-    let producer = workload::producer(&brokers)?;
+    let embedded = EmbeddedKafka::start(1, &all, args.partitions)?;
+    let kafka = KafkaConfig::new(embedded.bootstrap_servers());
+    let producer = workload::producer(&kafka)?;
     let mut best = Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0 };
     for (round, topics) in rounds.iter().enumerate() {
         let tag = format!("{run_id}r{round}");
@@ -102,9 +102,9 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
         let started = Instant::now();
         workload::publish(&producer, &events).await?;
         let publish_eps = n as f64 / started.elapsed().as_secs_f64();
-        let raw_consume_eps = raw_consume(&brokers, &topics.events, n).await?;
+        let raw_consume_eps = raw_consume(&kafka, &topics.events, n).await?;
         let raw_insert_eps = raw_insert(&db, &events, &tag, args.batch as usize, args.lanes as usize).await?;
-        let consume_eps = herald_consume(&db, &brokers, &topics.events, n * (round + 1), args).await?;
+        let consume_eps = herald_consume(&db, &kafka, &topics.events, n * (round + 1), args).await?;
         eprintln!("round {}: consume {consume_eps:.0}/s, raw insert {raw_insert_eps:.0}/s, raw consume {raw_consume_eps:.0}/s", round + 1);
         best.publish_eps = best.publish_eps.max(publish_eps);
         best.raw_consume_eps = best.raw_consume_eps.max(raw_consume_eps);
@@ -112,13 +112,13 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
         best.consume_eps = best.consume_eps.max(consume_eps);
     }
     db.close().await;
-    drop(kafka);
+    drop(embedded);
     Ok(best)
 }
 
 /// Receives `n` records with Herald's consumer settings and does nothing else.
-async fn raw_consume(brokers: &str, topic: &str, n: usize) -> anyhow::Result<f64> {
-    let consumer: StreamConsumer = herald_kafka::consumer_config(brokers, &format!("bench-raw-{}", uuid::Uuid::new_v4())).create()?;
+async fn raw_consume(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<f64> {
+    let consumer: StreamConsumer = kafka.consumer(&format!("bench-raw-{}", uuid::Uuid::new_v4())).create()?;
     consumer.subscribe(&[topic])?;
     let mut first = None;
     for _ in 0..n {
@@ -199,8 +199,8 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
 
 /// The search subscription itself on a fresh group, until its inbox holds
 /// `total` events (this round's and the earlier rounds').
-async fn herald_consume(db: &Db, brokers: &str, topic: &str, total: usize, args: &ConsumeBenchArgs) -> anyhow::Result<f64> {
-    let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), brokers, &[topic]);
+async fn herald_consume(db: &Db, kafka: &KafkaConfig, topic: &str, total: usize, args: &ConsumeBenchArgs) -> anyhow::Result<f64> {
+    let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), kafka, &[topic]);
     let options = Options {
         max_batch: args.batch as usize,
         lanes: args.lanes as usize,

@@ -19,7 +19,7 @@ use chrono::Utc;
 use clap::Args;
 use herald_consumer::{Options, Subscription};
 use herald_envelope::OutboxEvent;
-use herald_kafka::{EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_projections::search;
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild};
@@ -93,9 +93,9 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let db = Db::connect_and_migrate(url).await?;
     let run = uuid::Uuid::now_v7().simple().to_string()[24..].to_owned();
     let topics = Topics::with_prefix(&format!("bench-{run}"));
-    let kafka = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
-    let brokers = kafka.bootstrap_servers().to_owned();
-    let producer = workload::producer(&brokers)?;
+    let embedded = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
+    let kafka = KafkaConfig::new(embedded.bootstrap_servers());
+    let producer = workload::producer(&kafka)?;
 
     let started = Instant::now();
     for from in (0..n).step_by(CHUNK) {
@@ -105,10 +105,10 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     eprintln!("published {n} events ({publish_eps:.0}/s)");
 
     let group_prefix = format!("bench-{run}");
-    let live_consume_eps = live_consume(&db, &brokers, &topics.events, &group_prefix, n).await?;
+    let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n).await?;
     eprintln!("live search subscription: {live_consume_eps:.0}/s");
 
-    let (rebuild_eps, rebuild_total_secs) = replay(&db, &brokers, &topics.events, args).await?;
+    let (rebuild_eps, rebuild_total_secs) = replay(&db, &kafka, &topics.events, args).await?;
     eprintln!("rebuild replay: {rebuild_eps:.0}/s");
 
     let mut raw_secs = 0.0;
@@ -120,14 +120,14 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let raw_insert_eps = n as f64 / raw_secs;
     eprintln!("raw batched insert: {raw_insert_eps:.0}/s");
     db.close().await;
-    drop(kafka);
+    drop(embedded);
     Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps })
 }
 
 /// The live search subscription (defaults: batches of 1000, 2 lanes) until
 /// it applied all `n` events; timed from its first commit to its last.
-async fn live_consume(db: &Db, brokers: &str, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
-    let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, brokers, &[topic]);
+async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
+    let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, kafka, &[topic]);
     let eps = timed_search_subscription(db, &sub, Options::default(), n, Duration::from_secs(3600)).await?;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
     anyhow::ensure!(applied == n as i64, "live inbox holds {applied} events, expected {n}");
@@ -157,9 +157,9 @@ impl Progress for Clock {
     }
 }
 
-async fn replay(db: &Db, brokers: &str, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
+async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
     let options = RebuildOptions {
-        brokers: brokers.to_owned(),
+        kafka: kafka.clone(),
         topic: topic.to_owned(),
         switch: SwitchMode::Auto,
         batch: args.batch as usize,

@@ -17,7 +17,7 @@ use chrono::Utc;
 use clap::Args;
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald_envelope::OutboxEvent;
-use herald_kafka::EmbeddedKafka;
+use herald_kafka::{EmbeddedKafka, KafkaConfig};
 use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_store::{Backend, Db, outbox};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -60,25 +60,26 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let (_mock, brokers, topic) = match &args.kafka {
+    let (_mock, kafka, topic) = match &args.kafka {
         Some(brokers) => {
+            let kafka = crate::config::kafka_config(brokers);
             let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-            herald_kafka::ensure_topics(brokers, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
-            (None, brokers.clone(), topic)
+            herald_kafka::ensure_topics(&kafka, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
+            (None, kafka, topic)
         }
         None => {
-            let kafka = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
-            let brokers = kafka.bootstrap_servers().to_owned();
-            (Some(kafka), brokers, TOPIC.to_owned())
+            let embedded = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
+            let kafka = KafkaConfig::new(embedded.bootstrap_servers());
+            (Some(embedded), kafka, TOPIC.to_owned())
         }
     };
 
-    let raw = raw_producer(&brokers, &topic, &events(&topic, args.events)?).await?;
+    let raw = raw_producer(&kafka, &topic, &events(&topic, args.events)?).await?;
     let naive_db = TempDb::create(&server).await?;
-    let naive = naive_relay(&naive_db.db, &brokers, &events(&topic, args.naive_events)?).await?;
+    let naive = naive_relay(&naive_db.db, &kafka, &events(&topic, args.naive_events)?).await?;
     naive_db.drop_it(&server).await;
     let herald_db = TempDb::create(&server).await?;
-    let herald = herald_relay(&herald_db.db, &brokers, &events(&topic, args.events)?).await?;
+    let herald = herald_relay(&herald_db.db, &kafka, &events(&topic, args.events)?).await?;
     herald_db.drop_it(&server).await;
 
     report(&args, raw, naive, herald)?;
@@ -123,8 +124,8 @@ impl Run {
     }
 }
 
-async fn raw_producer(brokers: &str, topic: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
-    let producer: FutureProducer = herald_relay::producer_config(brokers).create()?;
+async fn raw_producer(kafka: &KafkaConfig, topic: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+    let producer: FutureProducer = herald_relay::producer_config(kafka).create()?;
     let started = Instant::now();
     let mut deliveries = Vec::with_capacity(events.len());
     for event in events {
@@ -140,9 +141,9 @@ async fn raw_producer(brokers: &str, topic: &str, events: &[OutboxEvent]) -> any
 
 /// Select one row, publish it, await the ack, mark it, repeat. Its producer
 /// does not linger (waiting to fill batches only slows a one-at-a-time loop).
-async fn naive_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     insert(db, events).await?;
-    let mut config = herald_relay::producer_config(brokers);
+    let mut config = herald_relay::producer_config(kafka);
     config.set("linger.ms", "0");
     let producer: FutureProducer = config.create()?;
     let started = Instant::now();
@@ -184,9 +185,9 @@ async fn naive_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::
     Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
 }
 
-async fn herald_relay(db: &Db, brokers: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     insert(db, events).await?;
-    let relay = Relay::new(db.clone(), brokers, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
+    let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
     let stats = relay.stats();
     let shutdown = CancellationToken::new();
     let started = Instant::now();

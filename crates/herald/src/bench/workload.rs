@@ -6,6 +6,7 @@ use chrono::Utc;
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald_envelope::legacy::to_legacy_json;
 use herald_envelope::{ExportCompleted, OutboxEvent};
+use herald_kafka::KafkaConfig;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
@@ -37,8 +38,8 @@ pub fn completions(topic: &str, run: &str, n: usize) -> anyhow::Result<Vec<Outbo
         .collect()
 }
 
-pub fn producer(brokers: &str) -> anyhow::Result<FutureProducer> {
-    Ok(herald_kafka::producer_config(brokers).create()?)
+pub fn producer(kafka: &KafkaConfig) -> anyhow::Result<FutureProducer> {
+    Ok(kafka.producer().create()?)
 }
 
 /// Publishes `events` in CloudEvents binary mode and waits for every ack.

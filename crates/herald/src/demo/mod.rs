@@ -99,7 +99,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
     let settled = report::wait_settled(&env.wiring.db, args.exports as i64, Duration::from_secs(args.timeout_secs)).await?;
     checks.push(Check::new("pipeline settled", settled, format!("after {:.1}s", started.elapsed().as_secs_f64())));
-    let counts = Counts::gather(&env.wiring.db, &env.wiring.brokers, &env.wiring.topics).await?;
+    let counts = Counts::gather(&env.wiring.db, &env.wiring.kafka, &env.wiring.topics).await?;
     checks.extend(counts.checks(args.exports as i64));
     checks.push(client.search_check(&intake).await?);
     checks.push(takeover::check(&env.wiring.db, &hung, timeout).await?);
@@ -137,7 +137,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 async fn audit(wiring: &crate::pipeline::Wiring, provider_url: &str) -> anyhow::Result<herald_audit::Report> {
     let sources = herald_audit::Sources {
         db: &wiring.db,
-        brokers: &wiring.brokers,
+        kafka: &wiring.kafka,
         topics: &wiring.topics,
         artifacts: Some(herald_export::artifact::ArtifactStore::from_location(&wiring.artifacts)?),
         provider_url: Some(provider_url.to_owned()),

@@ -31,7 +31,7 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
     let intents_before = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
     let effects_before = provider_totals(provider_url).await?;
     let options = RebuildOptions {
-        brokers: wiring.brokers.clone(),
+        kafka: wiring.kafka.clone(),
         topic: wiring.topics.events.clone(),
         switch: SwitchMode::Auto,
         offline: false,

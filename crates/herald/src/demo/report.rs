@@ -2,9 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use herald_kafka::KafkaConfig;
 use herald_store::Db;
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::Serialize;
 use sqlx::Row;
 
@@ -42,7 +41,7 @@ pub async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
 }
 
 impl Counts {
-    pub async fn gather(db: &Db, brokers: &str, topics: &herald_kafka::Topics) -> anyhow::Result<Counts> {
+    pub async fn gather(db: &Db, kafka: &KafkaConfig, topics: &herald_kafka::Topics) -> anyhow::Result<Counts> {
         let extra_completions = count(
             db,
             "SELECT COALESCE(SUM(n - 1), 0) AS n FROM (SELECT COUNT(*) AS n FROM outbox \
@@ -60,7 +59,7 @@ impl Counts {
                 "SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered'",
             )
             .await?,
-            kafka_event_records: kafka_records(brokers, &topics.events).await?,
+            kafka_event_records: kafka_records(kafka, &topics.events).await?,
             search_documents,
             search_inbox_rows: count(db, "SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search'").await?,
             duplicate_effects: extra_completions + (search_documents - jobs_succeeded).max(0),
@@ -81,24 +80,9 @@ impl Counts {
     }
 }
 
-/// Sum of high watermarks of `topic`: records ever appended to it.
-async fn kafka_records(brokers: &str, topic: &str) -> anyhow::Result<i64> {
-    let brokers = brokers.to_owned();
-    let topic = topic.to_owned();
-    tokio::task::spawn_blocking(move || -> anyhow::Result<i64> {
-        let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).create()?;
-        let timeout = Duration::from_secs(10);
-        let metadata = consumer.fetch_metadata(Some(&topic), timeout)?;
-        let mut total = 0;
-        for t in metadata.topics() {
-            for p in t.partitions() {
-                let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
-                total += high - low;
-            }
-        }
-        Ok(total)
-    })
-    .await?
+/// Records `topic` retains: the sum of its partitions' high minus low watermarks.
+async fn kafka_records(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<i64> {
+    Ok(herald_kafka::offsets::watermarks(kafka, topic).await?.iter().map(|m| m.high - m.low).sum())
 }
 
 /// Polls until every job succeeded, its event is delivered and its search

@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::Args;
 use herald_audit::Sources;
 use herald_export::artifact::ArtifactStore;
-use herald_kafka::Topics;
+use herald_kafka::{KafkaConfig, Topics};
 use herald_store::Db;
 use tokio_util::sync::CancellationToken;
 
@@ -136,7 +136,8 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
     // completions were relayed does not take them for history to refuse.
     let notify_from = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let topics = Topics::default();
-    create_topics(brokers.bootstrap(), &topics).await?;
+    let kafka = KafkaConfig::new(brokers.bootstrap());
+    create_topics(&kafka, &topics).await?;
     let artifacts = work.join("artifacts");
     let (api_port, sim_port) = (free_port()?, free_port()?);
     let (api, sim) = (format!("http://127.0.0.1:{api_port}"), format!("http://127.0.0.1:{sim_port}"));
@@ -166,7 +167,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
     let drained = drain_started.elapsed();
     let sources = Sources {
         db: &db,
-        brokers: brokers.bootstrap(),
+        kafka: &kafka,
         topics: &topics,
         artifacts: Some(ArtifactStore::from_location(&artifacts.display().to_string())?),
         provider_url: Some(sim.clone()),
@@ -267,10 +268,10 @@ async fn fresh_database(server: &str) -> anyhow::Result<String> {
     Ok(url.into())
 }
 
-async fn create_topics(brokers: &str, topics: &Topics) -> anyhow::Result<()> {
+async fn create_topics(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        match herald_kafka::ensure_topics(brokers, &topics.all(), herald_kafka::TopicSettings::partitions(4)).await {
+        match herald_kafka::ensure_topics(kafka, &topics.all(), herald_kafka::TopicSettings::partitions(4)).await {
             Ok(()) => return Ok(()),
             Err(e) if Instant::now() < deadline => tracing::warn!(error = %e, "creating topics; retrying"),
             Err(e) => return Err(e.into()),

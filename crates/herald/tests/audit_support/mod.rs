@@ -8,6 +8,7 @@ use std::time::Duration;
 use herald::pipeline::{self, Dispatch, Options, Roles, Running, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
+use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
@@ -120,7 +121,7 @@ impl Pipeline {
         tokio::spawn(sim::serve(listener, Ledger::open(ledger).await?, config, FaultSwitches::default(), sim_stop.clone()));
         let wiring = Wiring {
             db: db.clone(),
-            brokers: brokers.to_owned(),
+            kafka: KafkaConfig::new(brokers),
             topics: topics.clone(),
             group_prefix: unique("herald"),
             artifacts: artifacts.to_owned(),
