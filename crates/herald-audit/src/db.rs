@@ -6,9 +6,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use crate::AuditError;
-use crate::model::{
-    ArtifactRow, COMPLETED, Completion, DbEvidence, DeadLetter, InboxRow, IntakeKey, Intent, Job, OutboxRow, SearchDocument, StatsCounter,
-};
+use crate::model::{COMPLETED, Completion, DbEvidence, DeadLetter, OutboxRow, SearchDocument};
 
 /// Reads every table the checks compare, in one transaction (repeatable read
 /// on PostgreSQL), so the tables agree with each other.
@@ -46,33 +44,39 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         .collect::<Result<_, sqlx::Error>>()?;
     let evidence = DbEvidence {
         outbox,
-        inbox: select(&mut tx, "SELECT subscription, source, event_id, topic, kafka_partition, kafka_offset FROM inbox", inbox_row).await?,
-        jobs: select(&mut tx, "SELECT job_id, caller, status, result_id, format, query FROM export_jobs", job).await?,
-        intake_keys: select(&mut tx, "SELECT caller, operation, intent_key, fingerprint, job_id FROM export_intents", intake_key).await?,
-        active_generation,
-        search_documents,
-        artifacts: select(&mut tx, "SELECT result_id, job_id FROM export_artifacts", |r| {
-            Ok(ArtifactRow { result_id: r.try_get("result_id")?, job_id: r.try_get("job_id")? })
-        })
-        .await?,
-        intents: select(&mut tx, "SELECT idempotency_key, status, source, event_id, recipient FROM notification_intents", intent).await?,
-        completions,
-        undecodable_completions,
-        stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters c JOIN active_generations g ON g.projection = 'stats' AND c.generation = g.generation", stats_counter).await?,
-        dead_letters: select(
+        inbox: select(
             &mut tx,
-            "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers FROM dead_letters",
-            dead_letter,
+            "SELECT subscription, source, event_id, topic, kafka_partition AS partition, kafka_offset AS \"offset\" FROM inbox",
         )
         .await?,
+        jobs: select(&mut tx, "SELECT job_id, caller, status, result_id, format, query FROM export_jobs").await?,
+        intake_keys: select(&mut tx, "SELECT caller, operation, intent_key AS key, fingerprint, job_id FROM export_intents").await?,
+        active_generation,
+        search_documents,
+        artifacts: select(&mut tx, "SELECT result_id, job_id FROM export_artifacts").await?,
+        intents: select(&mut tx, "SELECT idempotency_key AS key, status, source, event_id, recipient FROM notification_intents").await?,
+        completions,
+        undecodable_completions,
+        stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters c JOIN active_generations g ON g.projection = 'stats' AND c.generation = g.generation").await?,
+        dead_letters: sqlx::query(
+            "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers FROM dead_letters",
+        )
+        .fetch_all(&mut *tx)
+        .await?
+        .iter()
+        .map(dead_letter)
+        .collect::<Result<_, sqlx::Error>>()?,
     };
     tx.rollback().await?;
     Ok(evidence)
 }
 
-async fn select<T>(tx: &mut Tx<'_>, sql: &str, map: fn(&AnyRow) -> Result<T, sqlx::Error>) -> Result<Vec<T>, AuditError> {
-    let rows = sqlx::query(sql).fetch_all(&mut **tx).await?;
-    Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+/// Rows of `sql` whose column names are the fields of `T`.
+async fn select<T>(tx: &mut Tx<'_>, sql: &str) -> Result<Vec<T>, AuditError>
+where
+    T: for<'r> sqlx::FromRow<'r, AnyRow> + Send + Unpin,
+{
+    Ok(sqlx::query_as::<_, T>(sql).fetch_all(&mut **tx).await?)
 }
 
 /// Completion events with their data decoded. A row that does not decode is
@@ -115,38 +119,6 @@ fn outbox_row(rank: usize, r: &AnyRow) -> Result<OutboxRow, sqlx::Error> {
     })
 }
 
-fn inbox_row(r: &AnyRow) -> Result<InboxRow, sqlx::Error> {
-    Ok(InboxRow {
-        subscription: r.try_get("subscription")?,
-        source: r.try_get("source")?,
-        event_id: r.try_get("event_id")?,
-        topic: r.try_get("topic")?,
-        partition: r.try_get("kafka_partition")?,
-        offset: r.try_get("kafka_offset")?,
-    })
-}
-
-fn job(r: &AnyRow) -> Result<Job, sqlx::Error> {
-    Ok(Job {
-        job_id: r.try_get("job_id")?,
-        caller: r.try_get("caller")?,
-        status: r.try_get("status")?,
-        result_id: r.try_get("result_id")?,
-        format: r.try_get("format")?,
-        query: r.try_get("query")?,
-    })
-}
-
-fn intake_key(r: &AnyRow) -> Result<IntakeKey, sqlx::Error> {
-    Ok(IntakeKey {
-        caller: r.try_get("caller")?,
-        operation: r.try_get("operation")?,
-        key: r.try_get("intent_key")?,
-        fingerprint: r.try_get("fingerprint")?,
-        job_id: r.try_get("job_id")?,
-    })
-}
-
 fn search_document(r: &AnyRow) -> Result<SearchDocument, sqlx::Error> {
     let deleted_at: Option<i64> = r.try_get("deleted_at_ms")?;
     Ok(SearchDocument {
@@ -154,26 +126,6 @@ fn search_document(r: &AnyRow) -> Result<SearchDocument, sqlx::Error> {
         caller: r.try_get("caller")?,
         result_id: r.try_get("result_id")?,
         tombstone: deleted_at.is_some(),
-    })
-}
-
-fn intent(r: &AnyRow) -> Result<Intent, sqlx::Error> {
-    Ok(Intent {
-        key: r.try_get("idempotency_key")?,
-        status: r.try_get("status")?,
-        source: r.try_get("source")?,
-        event_id: r.try_get("event_id")?,
-        recipient: r.try_get("recipient")?,
-    })
-}
-
-fn stats_counter(r: &AnyRow) -> Result<StatsCounter, sqlx::Error> {
-    Ok(StatsCounter {
-        day: r.try_get("day")?,
-        caller: r.try_get("caller")?,
-        format: r.try_get("format")?,
-        exports: r.try_get("exports")?,
-        bytes: r.try_get("bytes")?,
     })
 }
 

@@ -69,7 +69,7 @@ pub struct KafkaHistory {
 /// An inbox row: a fact a subscription applied, and the record (topic,
 /// partition, offset) it was applied from — a dead letter's own position
 /// when a redrive applied it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct InboxRow {
     pub subscription: String,
     pub source: String,
@@ -79,7 +79,7 @@ pub struct InboxRow {
     pub offset: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Job {
     pub job_id: String,
     pub caller: String,
@@ -91,7 +91,7 @@ pub struct Job {
 
 /// An intake key (`export_intents`): the job it created and the fingerprint
 /// of the parameters it was accepted with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct IntakeKey {
     pub caller: String,
     pub operation: String,
@@ -123,7 +123,7 @@ pub struct Completion {
 }
 
 /// One row of `stats_counters`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct StatsCounter {
     pub day: String,
     pub caller: String,
@@ -150,13 +150,13 @@ pub struct DeadLetter {
 }
 
 /// A registered candidate artifact (`export_artifacts`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct ArtifactRow {
     pub result_id: String,
     pub job_id: String,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub struct Intent {
     pub key: String,
     pub status: String,

@@ -102,23 +102,21 @@ pub async fn get(db: &Db, id: i64) -> Result<Option<DeadLetter>, StoreError> {
 /// Marks a dead letter redriven inside the transaction that applies it.
 /// `false`: it is no longer dead (another redrive won); apply nothing.
 pub async fn mark_redriven(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError> {
-    let done =
-        sqlx::query("UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4")
-            .bind(REDRIVEN)
-            .bind(now_ms())
-            .bind(id)
-            .bind(DEAD)
-            .execute(&mut **tx)
-            .await?;
-    Ok(done.rows_affected() == 1)
+    leave_dead(tx, id, REDRIVEN).await
 }
 
 /// Marks a dead letter discarded, an operator's act recorded like a redrive
 /// (status, one more attempt, when). `false`: it is no longer dead.
 pub async fn mark_discarded(tx: &mut Tx<'_>, id: i64) -> Result<bool, StoreError> {
+    leave_dead(tx, id, DISCARDED).await
+}
+
+/// Moves a letter that is still dead to `status`, counting the attempt; the
+/// status condition lets exactly one of two racing operators win.
+async fn leave_dead(tx: &mut Tx<'_>, id: i64, status: &str) -> Result<bool, StoreError> {
     let done =
         sqlx::query("UPDATE dead_letters SET status = $1, attempts = attempts + 1, updated_at_ms = $2 WHERE id = $3 AND status = $4")
-            .bind(DISCARDED)
+            .bind(status)
             .bind(now_ms())
             .bind(id)
             .bind(DEAD)
