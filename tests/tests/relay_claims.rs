@@ -1,4 +1,4 @@
-//! Claims on slices (seed 004's fields), on PostgreSQL and SQLite: two relays
+//! Claims on slices (owner, token, lease, attempts), on PostgreSQL and SQLite: two relays
 //! claiming at the same instant get disjoint slices; progress is written
 //! only with the current token and an unexpired lease; release keeps the
 //! cursor for the next holder.

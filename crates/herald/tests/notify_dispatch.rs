@@ -1,6 +1,6 @@
-//! Seed 003's table as tests: real `herald dispatch` and `herald provider-sim`
-//! processes on loopback, SIGKILLed in the window between the provider's
-//! commit and Herald's receipt. Intents are seeded straight into PostgreSQL;
+//! The lost-acknowledgement windows as tests (ARCHITECTURE.md, "Notifications"):
+//! real `herald dispatch` and `herald provider-sim` processes on loopback,
+//! SIGKILLed in the window between the provider's commit and Herald's receipt. Intents are seeded straight into PostgreSQL;
 //! the notify subscription that creates them is tested elsewhere.
 
 mod notify_support;
@@ -203,7 +203,7 @@ async fn unkeyed_dispatcher_killed_after_the_provider_committed() -> anyhow::Res
     assert!(resend.status.success(), "{}", String::from_utf8_lossy(&resend.stderr));
     let done = wait_for(&s.db, "sent", |i| i.status == "sent").await?;
     assert!(done.receipt.is_some());
-    assert_eq!(effects(&receiver.url).await?["effects"], 2, "the duplicate seed 003 warns about");
+    assert_eq!(effects(&receiver.url).await?["effects"], 2, "the duplicate a resend without a key risks");
     b.kill().await?;
     receiver.proc.kill().await
 }

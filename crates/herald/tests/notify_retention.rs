@@ -1,5 +1,5 @@
-//! Reconciliation and the provider's key retention (seed 003's retention
-//! window): `not found` proves "never executed" only while the provider
+//! Reconciliation and the provider's key retention (how long it remembers
+//! an idempotency key): `not found` proves "never executed" only while the provider
 //! would still remember the key. The simulator forgets executed keys after
 //! its retention, so once it has, a 404 for an intent it did execute must
 //! leave that intent `unknown` with the reason — a resend would be a second

@@ -1,5 +1,5 @@
-//! Seed 000 on Herald. Its system: two entry points that can both finish the
-//! same work item (there an HTTP trigger and a background worker), one
+//! The classic double notification: two entry points that can both finish
+//! the same work item (say an HTTP trigger and a background worker), one
 //! processor they both call, and a user who must get exactly one
 //! notification. Its first failure: both read the item as open, both notify.
 //!
