@@ -13,6 +13,7 @@ pub mod dead_letter;
 mod error;
 pub mod generations;
 pub mod inbox;
+pub mod lease;
 pub mod outbox;
 pub mod parked;
 pub mod positions;
