@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use herald_relay::claims::{self as store, slice_of};
 use herald_relay::{Probe, ProbeAction, RelayConfig};
-use herald_store::relay::{self as store, slice_of};
 use herald_store::{Db, outbox};
 use herald_testkit::Gate;
 use herald_testkit::kafka::first_occurrences_by_key;

@@ -15,10 +15,13 @@
 //! - `publish`: the producer and its settings; `error`: what failed and how
 //!   it is handled (retryable or permanent).
 //! - `wake`: PostgreSQL LISTEN/NOTIFY; `probe`: fault-injection points.
-//!
-//! Claims, cursors and the fence are SQL, in `herald_store::relay`.
+//! - [`claims`]: the relay's tables — slice claims (on the store's lease
+//!   primitive), membership, the fenced progress write; `cursor`: where a
+//!   slice's reading stands and the read forward from it.
 
+pub mod claims;
 mod config;
+mod cursor;
 mod error;
 mod probe;
 mod publish;

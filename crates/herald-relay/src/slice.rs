@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use herald_store::outbox::{self, OutboxRow};
-use herald_store::relay::{self as store, Claim, Cursor, Fence, Setback};
 use herald_store::{Backend, now_ms};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
 use crate::relay::Shared;
 use crate::{Class, ProbeAction, PublishError, RelayStats};
 
@@ -41,7 +41,7 @@ pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationTok
     };
     let end = worker.work(&stop).await;
     if end == End::Released {
-        if let Err(e) = store::release(&worker.shared.db, &worker.claim.token).await {
+        if let Err(e) = store::release(&worker.shared.db, &worker.claim).await {
             // The lease then simply expires; another relay waits that long.
             warn!(slice = worker.claim.slice, error = %e, "could not release the claim");
         }

@@ -17,7 +17,6 @@ pub mod lease;
 pub mod outbox;
 pub mod parked;
 pub mod positions;
-pub mod relay;
 pub mod start_positions;
 
 pub use db::{Backend, Db, now_ms};
