@@ -2,7 +2,8 @@
 //! domain's adapters so races are forced with gates and time is injected:
 //! one job per key under concurrency, atomic intake, one winner between two
 //! processors, a stale attempt refused after takeover, unknown commit
-//! outcomes resolved by reading, and a retry budget that ends in `failed`.
+//! outcomes resolved by reading, a retry budget that ends in `failed`, and
+//! leases written and judged by the database's clock.
 
 mod common;
 
@@ -14,9 +15,9 @@ use common::Database;
 use herald_export::artifact::ArtifactStore;
 use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::worker::{ExportWorker, Outcome};
-use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, cleanup, jobs, scanner};
+use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, attempts, cleanup, jobs, scanner};
 use herald_kafka::Topics;
-use herald_store::{Db, now_ms};
+use herald_store::{Db, lease, now_ms};
 use herald_testkit::{Gate, TestDb};
 use tokio::sync::{Notify, oneshot};
 
@@ -35,7 +36,8 @@ async fn env(database: Database) -> anyhow::Result<Env> {
 }
 
 /// A long lease: no renewal or expiry happens by itself during a test; time
-/// moves only where a test passes a later `now` to the scanner.
+/// moves only where a test moves a lease's expiry relative to the database's
+/// clock, or waits for that clock.
 fn policy() -> LeasePolicy {
     LeasePolicy { lease: Duration::from_secs(60), attempt_budget: 2, ..LeasePolicy::default() }
 }
@@ -59,6 +61,26 @@ impl Env {
 
     async fn count(&self, sql: &str) -> anyhow::Result<i64> {
         common::count(&self.db, sql).await
+    }
+
+    /// Sets the job's lease (or dispatch deadline) to expire `ms` from the
+    /// database's now — the clock the scanner and every take judge it by.
+    async fn lease_ends_in(&self, job_id: &str, ms: i64) -> anyhow::Result<()> {
+        let sql = format!("UPDATE export_jobs SET lease_expires_at_ms = {} + $1 WHERE job_id = $2", self.db.now_sql());
+        sqlx::query(&sql).bind(ms).bind(job_id).execute(self.db.pool()).await?;
+        Ok(())
+    }
+
+    /// Waits until the database's clock has passed `at_ms`.
+    async fn wait_for_db_clock(&self, at_ms: i64) -> anyhow::Result<()> {
+        while lease::db_now(&self.db).await? <= at_ms {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn lease_of(&self, job_id: &str) -> anyhow::Result<i64> {
+        jobs::get_any(&self.db, job_id).await?.and_then(|j| j.lease_expires_at_ms).ok_or_else(|| anyhow::anyhow!("no lease"))
     }
 
     async fn completions(&self, job_id: &str) -> anyhow::Result<i64> {
@@ -184,9 +206,10 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     let stale_run = tokio::spawn(async move { stale.handle(&stale_job).await });
     arrived.await?;
 
-    // The stale attempt's lease is long over as far as the scanner knows.
-    let later = now_ms() + policy().lease_ms() + 1;
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), later).await?, 1);
+    // Time passes beyond the stale attempt's lease, made deterministic by
+    // moving its expiry behind the database's clock, which judges it.
+    env.lease_ends_in(&job_id, -1).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 1);
     let fresh = env.worker(Faults::none()).handle(&job_id).await?;
     let Outcome::Completed { generation: 3, result_id: selected } = fresh else { panic!("{fresh:?}") };
 
@@ -246,9 +269,10 @@ async fn temporary_errors_retry_then_fail(database: Database) -> anyhow::Result<
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
     assert_eq!((job.status.as_str(), job.failures), ("pending", 1));
     // Not re-issued before its retry time; re-issued after it.
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), now_ms()).await?, 0);
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 0);
     let retry_at = job.lease_expires_at_ms.expect("retry time");
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), retry_at + 1).await?, 1);
+    env.wait_for_db_clock(retry_at).await?; // the first backoff: about a second
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 1);
     assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.requested'").await?, 2);
     assert_eq!(worker.handle(&job_id).await?, Outcome::Failed { generation: 3 });
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
@@ -286,12 +310,61 @@ async fn dropped_attempt_stops_renewing(database: Database) -> anyhow::Result<()
     let _ = attempt.await;
     let lease_at_drop = jobs::get_any(&env.db, &job_id).await?.expect("job").lease_expires_at_ms.expect("lease");
     // Wait out several renewal periods past the lease; a live renewer would move it.
-    while now_ms() <= lease_at_drop + 3 * short.lease_ms() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_for_db_clock(lease_at_drop + 3 * short.lease_ms()).await?;
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
     assert_eq!(job.lease_expires_at_ms, Some(lease_at_drop), "nobody renews a dropped attempt's lease");
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &short, now_ms()).await?, 1);
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &short).await?, 1);
+    Ok(())
+}
+
+/// Export leases are written and judged by the database's clock: intake's
+/// dispatch deadline, an attempt's lease and its renewal are the database's
+/// now plus a length; a lease ahead of that now is held (no takeover, no
+/// second start), one behind it is taken, with the next generation.
+async fn leases_follow_the_database_clock(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let p = policy();
+    let within = |before: i64, after: i64, length: i64, at: i64| (before + length..=after + length).contains(&at);
+
+    let before = lease::db_now(&env.db).await?;
+    let job_id = env.submit("clock").await?;
+    let after = lease::db_now(&env.db).await?;
+    let deadline = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.dispatch_timeout_ms(), deadline), "dispatch deadline {deadline} not from {before}..{after}");
+
+    let before = lease::db_now(&env.db).await?;
+    let first = attempts::start(&env.db, &job_id, "w1", &p).await?.expect("a pending job starts");
+    let after = lease::db_now(&env.db).await?;
+    let lease_end = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.lease_ms(), lease_end), "lease {lease_end} not from {before}..{after}");
+
+    // Ahead of the database's now by a little: still held.
+    env.lease_ends_in(&job_id, 5_000).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &p).await?, 0);
+    assert!(attempts::start(&env.db, &job_id, "w2", &p).await?.is_none(), "a held lease is not taken");
+    let before = lease::db_now(&env.db).await?;
+    assert!(attempts::renew(&env.db, &first, &p).await?);
+    let after = lease::db_now(&env.db).await?;
+    let renewed = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.lease_ms(), renewed), "renewed lease {renewed} not from {before}..{after}");
+
+    // Just behind it: expired, taken by another worker, the first fenced out.
+    env.lease_ends_in(&job_id, -1).await?;
+    let second = attempts::start(&env.db, &job_id, "w2", &p).await?.expect("an expired lease is taken");
+    assert_eq!(second.generation, first.generation + 1);
+    assert!(!attempts::renew(&env.db, &first, &p).await?, "the older generation renews nothing");
+
+    // And the scanner takes over what expired by the database's clock.
+    env.lease_ends_in(&job_id, -1).await?;
+    let before = lease::db_now(&env.db).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &p).await?, 1);
+    let after = lease::db_now(&env.db).await?;
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!((job.status.as_str(), job.generation), ("pending", second.generation + 1));
+    let owned = format!("SELECT COUNT(*) AS n FROM export_jobs WHERE job_id = '{job_id}' AND lease_owner IS NOT NULL");
+    assert_eq!(env.count(&owned).await?, 0, "a takeover leaves the job without an owner");
+    let deadline = job.lease_expires_at_ms.expect("deadline");
+    assert!(within(before, after, p.dispatch_timeout_ms(), deadline), "new dispatch deadline {deadline} not from {before}..{after}");
     Ok(())
 }
 
@@ -318,6 +391,7 @@ on_both!(two_processors, two_processors_one_transition);
 on_both!(stale_attempt, stale_attempt_is_refused_after_takeover);
 on_both!(retry_budget, temporary_errors_retry_then_fail);
 on_both!(dropped_attempt, dropped_attempt_stops_renewing);
+on_both!(lease_clock, leases_follow_the_database_clock);
 on_both!(commit_answer_lost, commit_answer_lost_after_commit);
 on_both!(connection_lost_before_commit, connection_lost_before_the_commit);
 

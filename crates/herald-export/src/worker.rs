@@ -8,7 +8,7 @@ use std::time::Duration;
 use herald_consumer::{ProcessError, Processed, Processor};
 use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
-use herald_store::{Db, now_ms};
+use herald_store::Db;
 use rdkafka::message::OwnedMessage;
 use tracing::{debug, info, warn};
 
@@ -62,7 +62,7 @@ impl ExportWorker {
     /// Runs the job a command names, if it is this worker's to run.
     pub async fn handle(&self, job_id: &str) -> Result<Outcome, ExportError> {
         self.faults.at(FaultPoint::BeforeStart, job_id, 0).await?;
-        let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy, now_ms()).await? else {
+        let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy).await? else {
             debug!(job_id, "job finished or held by a live attempt; command skipped");
             return Ok(Outcome::Skipped);
         };
@@ -141,7 +141,7 @@ async fn keep_lease(db: &Db, attempt: &Attempt, policy: &LeasePolicy) {
     let period = (policy.lease / 3).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(period).await;
-        match attempts::renew(db, attempt, policy, now_ms()).await {
+        match attempts::renew(db, attempt, policy).await {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => warn!(job_id = %attempt.job.job_id, error = %e, "lease renewal failed; retrying"),
