@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use common::Database;
 use herald_export::artifact::ArtifactStore;
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::worker::{ExportWorker, Outcome};
 use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, attempts, cleanup, jobs, scanner};
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::Topics;
 use herald_store::{Db, lease, now_ms};
 use herald_testkit::{Gate, TestDb};
@@ -46,17 +46,17 @@ fn request(query: &str) -> ExportRequest {
     ExportRequest { format: Format::Csv, query: query.to_owned() }
 }
 
-fn intake(faults: Faults) -> IntakeConfig {
+fn intake(faults: Hook) -> IntakeConfig {
     IntakeConfig { faults, policy: policy(), ..IntakeConfig::new(Topics::default()) }
 }
 
 impl Env {
-    fn worker(&self, faults: Faults) -> ExportWorker {
+    fn worker(&self, faults: Hook) -> ExportWorker {
         ExportWorker::new(self.db.clone(), Topics::default(), self.artifacts.clone(), policy(), faults)
     }
 
     async fn submit(&self, query: &str) -> anyhow::Result<String> {
-        Ok(jobs::submit(&self.db, &intake(Faults::none()), "alice", query, &request(query)).await?.job().job_id.clone())
+        Ok(jobs::submit(&self.db, &intake(Hook::none()), "alice", query, &request(query)).await?.job().job_id.clone())
     }
 
     async fn count(&self, sql: &str) -> anyhow::Result<i64> {
@@ -89,31 +89,31 @@ impl Env {
 }
 
 /// A hook that lets `parties` callers through `point` only together.
-fn gate_at(point: FaultPoint, parties: usize) -> Faults {
+fn gate_at(point: Point, parties: usize) -> Hook {
     let gate = Arc::new(Gate::new(parties));
-    Faults::hook(move |ctx| {
+    Hook::new(move |site| {
         let gate = gate.clone();
         async move {
-            if ctx.point == point {
+            if site.point == point {
                 gate.arrive_and_wait().await;
             }
-            FaultAction::Continue
+            Action::Continue
         }
     })
 }
 
 async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let fail = Faults::hook(|ctx| async move {
-        if ctx.point == FaultPoint::AfterJobInsert { FaultAction::Fail("crash after the job insert".into()) } else { FaultAction::Continue }
+    let fail = Hook::new(|site| async move {
+        if site.point == Point::AfterJobInsert { Action::Fail("crash after the job insert".into()) } else { Action::Continue }
     });
     let err = jobs::submit(&env.db, &intake(fail), "alice", "k", &request("q")).await.expect_err("injected fault");
-    assert!(matches!(err, ExportError::Injected { point: FaultPoint::AfterJobInsert, .. }), "{err}");
+    assert!(matches!(err, ExportError::Injected { point: Point::AfterJobInsert, .. }), "{err}");
     for table in ["export_jobs", "export_intents", "outbox"] {
         assert_eq!(env.count(&format!("SELECT COUNT(*) AS n FROM {table}")).await?, 0, "{table}");
     }
     // The retry with the same key succeeds as if the first never happened.
-    let again = jobs::submit(&env.db, &intake(Faults::none()), "alice", "k", &request("q")).await?;
+    let again = jobs::submit(&env.db, &intake(Hook::none()), "alice", "k", &request("q")).await?;
     assert!(matches!(again, Submitted::Created(_)));
     assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox").await?, 1);
     Ok(())
@@ -121,7 +121,7 @@ async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()>
 
 async fn concurrent_identical_requests_make_one_job(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let config = intake(gate_at(FaultPoint::IntakeChecked, 20));
+    let config = intake(gate_at(Point::IntakeChecked, 20));
     let handles: Vec<_> = (0..20)
         .map(|_| {
             let (db, config) = (env.db.clone(), config.clone());
@@ -144,7 +144,7 @@ async fn concurrent_identical_requests_make_one_job(database: Database) -> anyho
 
 async fn concurrent_different_bodies_one_wins(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let config = intake(gate_at(FaultPoint::IntakeChecked, 10));
+    let config = intake(gate_at(Point::IntakeChecked, 10));
     let handles: Vec<_> = (0..10)
         .map(|i| {
             let (db, config) = (env.db.clone(), config.clone());
@@ -167,7 +167,7 @@ async fn concurrent_different_bodies_one_wins(database: Database) -> anyhow::Res
 async fn two_processors_one_transition(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("race").await?;
-    let faults = gate_at(FaultPoint::BeforeStart, 2);
+    let faults = gate_at(Point::BeforeStart, 2);
     let (a, b) = (env.worker(faults.clone()), env.worker(faults));
     let (ra, rb) = tokio::join!(a.handle(&job_id), b.handle(&job_id));
     let outcomes = [ra?, rb?];
@@ -188,16 +188,16 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     let release = Arc::new(Notify::new());
     let paused = {
         let release = release.clone();
-        Faults::hook(move |ctx| {
+        Hook::new(move |site| {
             let (arrived_tx, release) = (arrived_tx.clone(), release.clone());
             async move {
-                if ctx.point == FaultPoint::ArtifactWritten && ctx.generation == 1 {
+                if site.point == Point::ArtifactWritten && site.n == 1 {
                     if let Some(tx) = arrived_tx.lock().expect("lock").take() {
                         let _ = tx.send(());
                     }
                     release.notified().await;
                 }
-                FaultAction::Continue
+                Action::Continue
             }
         })
     };
@@ -210,7 +210,7 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     // moving its expiry behind the database's clock, which judges it.
     env.lease_ends_in(&job_id, -1).await?;
     assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 1);
-    let fresh = env.worker(Faults::none()).handle(&job_id).await?;
+    let fresh = env.worker(Hook::none()).handle(&job_id).await?;
     let Outcome::Completed { generation: 3, result_id: selected } = fresh else { panic!("{fresh:?}") };
 
     release.notify_one();
@@ -232,20 +232,20 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     Ok(())
 }
 
-async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost: FaultAction) -> anyhow::Result<()> {
+async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost: Action) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("unknown").await?;
     let calls = Arc::new(AtomicUsize::new(0));
     let faults = {
         let calls = calls.clone();
-        Faults::hook(move |ctx| {
+        Hook::new(move |site| {
             let (calls, lost) = (calls.clone(), lost.clone());
             async move {
                 // Only the first commit loses its answer.
-                if ctx.point == FaultPoint::BeforeCompletionCommit && calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                if site.point == Point::BeforeCompletionCommit && calls.fetch_add(1, Ordering::SeqCst) == 0 {
                     lost
                 } else {
-                    FaultAction::Continue
+                    Action::Continue
                 }
             }
         })
@@ -261,8 +261,8 @@ async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost:
 async fn temporary_errors_retry_then_fail(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("flaky").await?;
-    let failing = Faults::hook(|ctx| async move {
-        if ctx.point == FaultPoint::ArtifactWritten { FaultAction::Fail("store flaked".into()) } else { FaultAction::Continue }
+    let failing = Hook::new(|site| async move {
+        if site.point == Point::ArtifactWritten { Action::Fail("store flaked".into()) } else { Action::Continue }
     });
     let worker = env.worker(failing);
     assert_eq!(worker.handle(&job_id).await?, Outcome::Retrying { generation: 1 });
@@ -289,16 +289,16 @@ async fn dropped_attempt_stops_renewing(database: Database) -> anyhow::Result<()
     let job_id = env.submit("dropped").await?;
     let (arrived_tx, arrived) = oneshot::channel::<()>();
     let arrived_tx = Arc::new(std::sync::Mutex::new(Some(arrived_tx)));
-    let hang = Faults::hook(move |ctx| {
+    let hang = Hook::new(move |site| {
         let arrived_tx = arrived_tx.clone();
         async move {
-            if ctx.point == FaultPoint::ArtifactWritten {
+            if site.point == Point::ArtifactWritten {
                 if let Some(tx) = arrived_tx.lock().expect("lock").take() {
                     let _ = tx.send(());
                 }
                 return std::future::pending().await;
             }
-            FaultAction::Continue
+            Action::Continue
         }
     });
     let short = LeasePolicy { lease: Duration::from_millis(60), ..policy() };
@@ -396,9 +396,9 @@ on_both!(commit_answer_lost, commit_answer_lost_after_commit);
 on_both!(connection_lost_before_commit, connection_lost_before_the_commit);
 
 async fn commit_answer_lost_after_commit(database: Database) -> anyhow::Result<()> {
-    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::CommitThenLoseAnswer).await
+    unknown_commit_outcome_is_resolved_by_reading(database, Action::CommitThenLoseAnswer).await
 }
 
 async fn connection_lost_before_the_commit(database: Database) -> anyhow::Result<()> {
-    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::DropThenLoseAnswer).await
+    unknown_commit_outcome_is_resolved_by_reading(database, Action::DropThenLoseAnswer).await
 }

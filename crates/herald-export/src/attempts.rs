@@ -7,6 +7,7 @@
 
 use chrono::Utc;
 use herald_envelope::{ExportCompleted, ExportFailed, OutboxEvent};
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::Topics;
 use herald_store::lease::{self, Held, LeaseTable, Pick, Take, Token, TokenKind, Value, Write};
 use herald_store::{Db, StoreError, now_ms, outbox};
@@ -14,7 +15,6 @@ use sqlx::Row;
 
 use crate::ExportError;
 use crate::artifact::StoredArtifact;
-use crate::faults::{FaultAction, FaultPoint, Faults};
 use crate::jobs::{JOB_COLUMNS, Job, row_to_job};
 use crate::lifecycle::{AfterFailure, FAILED, LeasePolicy, PENDING, RUNNING, SUCCEEDED};
 
@@ -109,7 +109,7 @@ pub async fn complete(
     topics: &Topics,
     attempt: &Attempt,
     artifact: &StoredArtifact,
-    faults: &Faults,
+    faults: &Hook,
 ) -> Result<Completion, ExportError> {
     let job = &attempt.job;
     let now = now_ms();
@@ -149,16 +149,16 @@ pub async fn complete(
         content_type: crate::artifact::content_type(&job.format).to_owned(),
     };
     outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
-    match faults.at(FaultPoint::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
-        FaultAction::CommitThenLoseAnswer => {
+    match crate::fault_at(faults, Point::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
+        Action::CommitThenLoseAnswer => {
             tx.commit().await.map_err(StoreError::from)?;
             return Ok(Completion::Unknown("injected: commit answer lost".into()));
         }
-        FaultAction::DropThenLoseAnswer => {
+        Action::DropThenLoseAnswer => {
             drop(tx);
             return Ok(Completion::Unknown("injected: connection lost before commit".into()));
         }
-        FaultAction::Continue | FaultAction::Fail(_) => {}
+        Action::Continue | Action::Fail(_) | Action::LoseAck => {}
     }
     match tx.commit().await.map_err(StoreError::from) {
         Ok(()) => Ok(Completion::Completed),

@@ -10,9 +10,9 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::{self, LeasePolicy};
 use crate::{ExportError, ExportRequest, OPERATION_CREATE};
+use herald_fault::{Hook, Point};
 
 pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
@@ -64,12 +64,12 @@ pub struct IntakeConfig {
     /// Most unfinished jobs one caller may have.
     pub quota: i64,
     pub policy: LeasePolicy,
-    pub faults: Faults,
+    pub faults: Hook,
 }
 
 impl IntakeConfig {
     pub fn new(topics: Topics) -> IntakeConfig {
-        IntakeConfig { topics, quota: 1000, policy: LeasePolicy::default(), faults: Faults::none() }
+        IntakeConfig { topics, quota: 1000, policy: LeasePolicy::default(), faults: Hook::none() }
     }
 }
 
@@ -81,11 +81,11 @@ pub async fn submit(db: &Db, config: &IntakeConfig, caller: &str, key: &str, req
     if let Some(found) = existing(db, caller, key, &fingerprint).await? {
         return Ok(Submitted::Existing(found));
     }
-    config.faults.at(FaultPoint::IntakeChecked, key, 0).await?;
+    crate::fault_at(&config.faults, Point::IntakeChecked, key, 0).await?;
     let mut tx = db.begin().await?;
     check_quota(db.backend(), &mut tx, caller, config.quota).await?;
     let job = insert_job(db, &mut tx, caller, request, config.policy.dispatch_timeout_ms()).await?;
-    config.faults.at(FaultPoint::AfterJobInsert, &job.job_id, 0).await?;
+    crate::fault_at(&config.faults, Point::AfterJobInsert, &job.job_id, 0).await?;
     if !insert_intent(&mut tx, caller, key, &fingerprint, &job.job_id).await? {
         // Another request with this key committed first: ours is discarded whole.
         tx.rollback().await.map_err(StoreError::from)?;

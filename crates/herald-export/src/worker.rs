@@ -15,8 +15,8 @@ use tracing::{debug, info, warn};
 use crate::ExportError;
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
 use crate::attempts::{self, Attempt, Completion, FailureOutcome, Resolved};
-use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::LeasePolicy;
+use herald_fault::{Hook, Point};
 
 /// Subscription name of the workers: consumer group `herald.export-workers`,
 /// and the scope of the commands they dead-letter.
@@ -49,19 +49,19 @@ pub struct ExportWorker {
     topics: Topics,
     artifacts: ArtifactStore,
     policy: LeasePolicy,
-    faults: Faults,
+    faults: Hook,
     owner: String,
 }
 
 impl ExportWorker {
-    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore, policy: LeasePolicy, faults: Faults) -> ExportWorker {
+    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore, policy: LeasePolicy, faults: Hook) -> ExportWorker {
         let owner = format!("worker-{}", uuid::Uuid::new_v4().simple());
         ExportWorker { db, topics, artifacts, policy, faults, owner }
     }
 
     /// Runs the job a command names, if it is this worker's to run.
     pub async fn handle(&self, job_id: &str) -> Result<Outcome, ExportError> {
-        self.faults.at(FaultPoint::BeforeStart, job_id, 0).await?;
+        crate::fault_at(&self.faults, Point::BeforeStart, job_id, 0).await?;
         let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy).await? else {
             debug!(job_id, "job finished or held by a live attempt; command skipped");
             return Ok(Outcome::Skipped);
@@ -88,7 +88,7 @@ impl ExportWorker {
         let result_id = ArtifactStore::candidate_key(&attempt.job, attempt.generation);
         attempts::register_candidate(&self.db, attempt, &result_id).await?;
         let artifact = self.artifacts.put_candidate(&result_id, render(&attempt.job)).await?;
-        self.faults.at(FaultPoint::ArtifactWritten, &attempt.job.job_id, attempt.generation).await?;
+        crate::fault_at(&self.faults, Point::ArtifactWritten, &attempt.job.job_id, attempt.generation).await?;
         self.complete(attempt, &artifact).await
     }
 
