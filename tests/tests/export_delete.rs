@@ -162,7 +162,7 @@ async fn delete_rules(database: Database) -> anyhow::Result<()> {
     let running = jobs::submit(&db, &intake, "alice", "k1", &request("running")).await?.job().clone();
     let pending = jobs::submit(&db, &intake, "alice", "k2", &request("pending")).await?.job().clone();
     let policy = LeasePolicy::default();
-    attempts::start(&db, &running.job_id, "w1", &policy, now_ms()).await?.expect("started");
+    attempts::start(&db, &running.job_id, "w1", &policy).await?.expect("started");
 
     let outcome = deletion::delete(&db, &intake.topics, "alice", &running.job_id).await?;
     assert!(matches!(outcome, Deletion::Running(_)), "{outcome:?}");
@@ -174,7 +174,7 @@ async fn delete_rules(database: Database) -> anyhow::Result<()> {
     };
     assert_eq!((job.status.as_str(), job.version), ("deleted", pending.version + 1));
     assert_eq!(common::count(&db, deleted_events).await?, 1);
-    assert!(attempts::start(&db, &pending.job_id, "w1", &policy, now_ms()).await?.is_none(), "a deleted job never starts");
+    assert!(attempts::start(&db, &pending.job_id, "w1", &policy).await?.is_none(), "a deleted job never starts");
     assert_eq!(deletion::delete(&db, &intake.topics, "bob", &pending.job_id).await?, Deletion::NotFound);
     assert!(matches!(deletion::delete(&db, &intake.topics, "alice", &pending.job_id).await?, Deletion::AlreadyDeleted(_)));
     assert_eq!(common::count(&db, deleted_events).await?, 1);

@@ -2,7 +2,8 @@
 //! domain's adapters so races are forced with gates and time is injected:
 //! one job per key under concurrency, atomic intake, one winner between two
 //! processors, a stale attempt refused after takeover, unknown commit
-//! outcomes resolved by reading, and a retry budget that ends in `failed`.
+//! outcomes resolved by reading, a retry budget that ends in `failed`, and
+//! leases written and judged by the database's clock.
 
 mod common;
 
@@ -12,11 +13,11 @@ use std::time::Duration;
 
 use common::Database;
 use herald_export::artifact::ArtifactStore;
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::worker::{ExportWorker, Outcome};
-use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, cleanup, jobs, scanner};
+use herald_export::{ExportError, ExportRequest, Format, IntakeConfig, LeasePolicy, Submitted, attempts, cleanup, jobs, scanner};
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::Topics;
-use herald_store::{Db, now_ms};
+use herald_store::{Db, lease, now_ms};
 use herald_testkit::{Gate, TestDb};
 use tokio::sync::{Notify, oneshot};
 
@@ -35,7 +36,8 @@ async fn env(database: Database) -> anyhow::Result<Env> {
 }
 
 /// A long lease: no renewal or expiry happens by itself during a test; time
-/// moves only where a test passes a later `now` to the scanner.
+/// moves only where a test moves a lease's expiry relative to the database's
+/// clock, or waits for that clock.
 fn policy() -> LeasePolicy {
     LeasePolicy { lease: Duration::from_secs(60), attempt_budget: 2, ..LeasePolicy::default() }
 }
@@ -44,21 +46,41 @@ fn request(query: &str) -> ExportRequest {
     ExportRequest { format: Format::Csv, query: query.to_owned() }
 }
 
-fn intake(faults: Faults) -> IntakeConfig {
+fn intake(faults: Hook) -> IntakeConfig {
     IntakeConfig { faults, policy: policy(), ..IntakeConfig::new(Topics::default()) }
 }
 
 impl Env {
-    fn worker(&self, faults: Faults) -> ExportWorker {
+    fn worker(&self, faults: Hook) -> ExportWorker {
         ExportWorker::new(self.db.clone(), Topics::default(), self.artifacts.clone(), policy(), faults)
     }
 
     async fn submit(&self, query: &str) -> anyhow::Result<String> {
-        Ok(jobs::submit(&self.db, &intake(Faults::none()), "alice", query, &request(query)).await?.job().job_id.clone())
+        Ok(jobs::submit(&self.db, &intake(Hook::none()), "alice", query, &request(query)).await?.job().job_id.clone())
     }
 
     async fn count(&self, sql: &str) -> anyhow::Result<i64> {
         common::count(&self.db, sql).await
+    }
+
+    /// Sets the job's lease (or dispatch deadline) to expire `ms` from the
+    /// database's now — the clock the scanner and every take judge it by.
+    async fn lease_ends_in(&self, job_id: &str, ms: i64) -> anyhow::Result<()> {
+        let sql = format!("UPDATE export_jobs SET lease_expires_at_ms = {} + $1 WHERE job_id = $2", self.db.now_sql());
+        sqlx::query(&sql).bind(ms).bind(job_id).execute(self.db.pool()).await?;
+        Ok(())
+    }
+
+    /// Waits until the database's clock has passed `at_ms`.
+    async fn wait_for_db_clock(&self, at_ms: i64) -> anyhow::Result<()> {
+        while lease::db_now(&self.db).await? <= at_ms {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn lease_of(&self, job_id: &str) -> anyhow::Result<i64> {
+        jobs::get_any(&self.db, job_id).await?.and_then(|j| j.lease_expires_at_ms).ok_or_else(|| anyhow::anyhow!("no lease"))
     }
 
     async fn completions(&self, job_id: &str) -> anyhow::Result<i64> {
@@ -67,31 +89,31 @@ impl Env {
 }
 
 /// A hook that lets `parties` callers through `point` only together.
-fn gate_at(point: FaultPoint, parties: usize) -> Faults {
+fn gate_at(point: Point, parties: usize) -> Hook {
     let gate = Arc::new(Gate::new(parties));
-    Faults::hook(move |ctx| {
+    Hook::new(move |site| {
         let gate = gate.clone();
         async move {
-            if ctx.point == point {
+            if site.point == point {
                 gate.arrive_and_wait().await;
             }
-            FaultAction::Continue
+            Action::Continue
         }
     })
 }
 
 async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let fail = Faults::hook(|ctx| async move {
-        if ctx.point == FaultPoint::AfterJobInsert { FaultAction::Fail("crash after the job insert".into()) } else { FaultAction::Continue }
+    let fail = Hook::new(|site| async move {
+        if site.point == Point::AfterJobInsert { Action::Fail("crash after the job insert".into()) } else { Action::Continue }
     });
     let err = jobs::submit(&env.db, &intake(fail), "alice", "k", &request("q")).await.expect_err("injected fault");
-    assert!(matches!(err, ExportError::Injected { point: FaultPoint::AfterJobInsert, .. }), "{err}");
+    assert!(matches!(err, ExportError::Injected { point: Point::AfterJobInsert, .. }), "{err}");
     for table in ["export_jobs", "export_intents", "outbox"] {
         assert_eq!(env.count(&format!("SELECT COUNT(*) AS n FROM {table}")).await?, 0, "{table}");
     }
     // The retry with the same key succeeds as if the first never happened.
-    let again = jobs::submit(&env.db, &intake(Faults::none()), "alice", "k", &request("q")).await?;
+    let again = jobs::submit(&env.db, &intake(Hook::none()), "alice", "k", &request("q")).await?;
     assert!(matches!(again, Submitted::Created(_)));
     assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox").await?, 1);
     Ok(())
@@ -99,7 +121,7 @@ async fn intake_failure_leaves_nothing(database: Database) -> anyhow::Result<()>
 
 async fn concurrent_identical_requests_make_one_job(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let config = intake(gate_at(FaultPoint::IntakeChecked, 20));
+    let config = intake(gate_at(Point::IntakeChecked, 20));
     let handles: Vec<_> = (0..20)
         .map(|_| {
             let (db, config) = (env.db.clone(), config.clone());
@@ -122,7 +144,7 @@ async fn concurrent_identical_requests_make_one_job(database: Database) -> anyho
 
 async fn concurrent_different_bodies_one_wins(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
-    let config = intake(gate_at(FaultPoint::IntakeChecked, 10));
+    let config = intake(gate_at(Point::IntakeChecked, 10));
     let handles: Vec<_> = (0..10)
         .map(|i| {
             let (db, config) = (env.db.clone(), config.clone());
@@ -145,7 +167,7 @@ async fn concurrent_different_bodies_one_wins(database: Database) -> anyhow::Res
 async fn two_processors_one_transition(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("race").await?;
-    let faults = gate_at(FaultPoint::BeforeStart, 2);
+    let faults = gate_at(Point::BeforeStart, 2);
     let (a, b) = (env.worker(faults.clone()), env.worker(faults));
     let (ra, rb) = tokio::join!(a.handle(&job_id), b.handle(&job_id));
     let outcomes = [ra?, rb?];
@@ -166,16 +188,16 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     let release = Arc::new(Notify::new());
     let paused = {
         let release = release.clone();
-        Faults::hook(move |ctx| {
+        Hook::new(move |site| {
             let (arrived_tx, release) = (arrived_tx.clone(), release.clone());
             async move {
-                if ctx.point == FaultPoint::ArtifactWritten && ctx.generation == 1 {
+                if site.point == Point::ArtifactWritten && site.n == 1 {
                     if let Some(tx) = arrived_tx.lock().expect("lock").take() {
                         let _ = tx.send(());
                     }
                     release.notified().await;
                 }
-                FaultAction::Continue
+                Action::Continue
             }
         })
     };
@@ -184,10 +206,11 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     let stale_run = tokio::spawn(async move { stale.handle(&stale_job).await });
     arrived.await?;
 
-    // The stale attempt's lease is long over as far as the scanner knows.
-    let later = now_ms() + policy().lease_ms() + 1;
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), later).await?, 1);
-    let fresh = env.worker(Faults::none()).handle(&job_id).await?;
+    // Time passes beyond the stale attempt's lease, made deterministic by
+    // moving its expiry behind the database's clock, which judges it.
+    env.lease_ends_in(&job_id, -1).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 1);
+    let fresh = env.worker(Hook::none()).handle(&job_id).await?;
     let Outcome::Completed { generation: 3, result_id: selected } = fresh else { panic!("{fresh:?}") };
 
     release.notify_one();
@@ -209,20 +232,20 @@ async fn stale_attempt_is_refused_after_takeover(database: Database) -> anyhow::
     Ok(())
 }
 
-async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost: FaultAction) -> anyhow::Result<()> {
+async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost: Action) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("unknown").await?;
     let calls = Arc::new(AtomicUsize::new(0));
     let faults = {
         let calls = calls.clone();
-        Faults::hook(move |ctx| {
+        Hook::new(move |site| {
             let (calls, lost) = (calls.clone(), lost.clone());
             async move {
                 // Only the first commit loses its answer.
-                if ctx.point == FaultPoint::BeforeCompletionCommit && calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                if site.point == Point::BeforeCompletionCommit && calls.fetch_add(1, Ordering::SeqCst) == 0 {
                     lost
                 } else {
-                    FaultAction::Continue
+                    Action::Continue
                 }
             }
         })
@@ -238,17 +261,18 @@ async fn unknown_commit_outcome_is_resolved_by_reading(database: Database, lost:
 async fn temporary_errors_retry_then_fail(database: Database) -> anyhow::Result<()> {
     let env = env(database).await?;
     let job_id = env.submit("flaky").await?;
-    let failing = Faults::hook(|ctx| async move {
-        if ctx.point == FaultPoint::ArtifactWritten { FaultAction::Fail("store flaked".into()) } else { FaultAction::Continue }
+    let failing = Hook::new(|site| async move {
+        if site.point == Point::ArtifactWritten { Action::Fail("store flaked".into()) } else { Action::Continue }
     });
     let worker = env.worker(failing);
     assert_eq!(worker.handle(&job_id).await?, Outcome::Retrying { generation: 1 });
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
     assert_eq!((job.status.as_str(), job.failures), ("pending", 1));
     // Not re-issued before its retry time; re-issued after it.
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), now_ms()).await?, 0);
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 0);
     let retry_at = job.lease_expires_at_ms.expect("retry time");
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy(), retry_at + 1).await?, 1);
+    env.wait_for_db_clock(retry_at).await?; // the first backoff: about a second
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &policy()).await?, 1);
     assert_eq!(env.count("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.requested'").await?, 2);
     assert_eq!(worker.handle(&job_id).await?, Outcome::Failed { generation: 3 });
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
@@ -265,16 +289,16 @@ async fn dropped_attempt_stops_renewing(database: Database) -> anyhow::Result<()
     let job_id = env.submit("dropped").await?;
     let (arrived_tx, arrived) = oneshot::channel::<()>();
     let arrived_tx = Arc::new(std::sync::Mutex::new(Some(arrived_tx)));
-    let hang = Faults::hook(move |ctx| {
+    let hang = Hook::new(move |site| {
         let arrived_tx = arrived_tx.clone();
         async move {
-            if ctx.point == FaultPoint::ArtifactWritten {
+            if site.point == Point::ArtifactWritten {
                 if let Some(tx) = arrived_tx.lock().expect("lock").take() {
                     let _ = tx.send(());
                 }
                 return std::future::pending().await;
             }
-            FaultAction::Continue
+            Action::Continue
         }
     });
     let short = LeasePolicy { lease: Duration::from_millis(60), ..policy() };
@@ -286,12 +310,61 @@ async fn dropped_attempt_stops_renewing(database: Database) -> anyhow::Result<()
     let _ = attempt.await;
     let lease_at_drop = jobs::get_any(&env.db, &job_id).await?.expect("job").lease_expires_at_ms.expect("lease");
     // Wait out several renewal periods past the lease; a live renewer would move it.
-    while now_ms() <= lease_at_drop + 3 * short.lease_ms() {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    env.wait_for_db_clock(lease_at_drop + 3 * short.lease_ms()).await?;
     let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
     assert_eq!(job.lease_expires_at_ms, Some(lease_at_drop), "nobody renews a dropped attempt's lease");
-    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &short, now_ms()).await?, 1);
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &short).await?, 1);
+    Ok(())
+}
+
+/// Export leases are written and judged by the database's clock: intake's
+/// dispatch deadline, an attempt's lease and its renewal are the database's
+/// now plus a length; a lease ahead of that now is held (no takeover, no
+/// second start), one behind it is taken, with the next generation.
+async fn leases_follow_the_database_clock(database: Database) -> anyhow::Result<()> {
+    let env = env(database).await?;
+    let p = policy();
+    let within = |before: i64, after: i64, length: i64, at: i64| (before + length..=after + length).contains(&at);
+
+    let before = lease::db_now(&env.db).await?;
+    let job_id = env.submit("clock").await?;
+    let after = lease::db_now(&env.db).await?;
+    let deadline = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.dispatch_timeout_ms(), deadline), "dispatch deadline {deadline} not from {before}..{after}");
+
+    let before = lease::db_now(&env.db).await?;
+    let first = attempts::start(&env.db, &job_id, "w1", &p).await?.expect("a pending job starts");
+    let after = lease::db_now(&env.db).await?;
+    let lease_end = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.lease_ms(), lease_end), "lease {lease_end} not from {before}..{after}");
+
+    // Ahead of the database's now by a little: still held.
+    env.lease_ends_in(&job_id, 5_000).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &p).await?, 0);
+    assert!(attempts::start(&env.db, &job_id, "w2", &p).await?.is_none(), "a held lease is not taken");
+    let before = lease::db_now(&env.db).await?;
+    assert!(attempts::renew(&env.db, &first, &p).await?);
+    let after = lease::db_now(&env.db).await?;
+    let renewed = env.lease_of(&job_id).await?;
+    assert!(within(before, after, p.lease_ms(), renewed), "renewed lease {renewed} not from {before}..{after}");
+
+    // Just behind it: expired, taken by another worker, the first fenced out.
+    env.lease_ends_in(&job_id, -1).await?;
+    let second = attempts::start(&env.db, &job_id, "w2", &p).await?.expect("an expired lease is taken");
+    assert_eq!(second.generation, first.generation + 1);
+    assert!(!attempts::renew(&env.db, &first, &p).await?, "the older generation renews nothing");
+
+    // And the scanner takes over what expired by the database's clock.
+    env.lease_ends_in(&job_id, -1).await?;
+    let before = lease::db_now(&env.db).await?;
+    assert_eq!(scanner::take_over_expired(&env.db, &Topics::default(), &p).await?, 1);
+    let after = lease::db_now(&env.db).await?;
+    let job = jobs::get_any(&env.db, &job_id).await?.expect("job");
+    assert_eq!((job.status.as_str(), job.generation), ("pending", second.generation + 1));
+    let owned = format!("SELECT COUNT(*) AS n FROM export_jobs WHERE job_id = '{job_id}' AND lease_owner IS NOT NULL");
+    assert_eq!(env.count(&owned).await?, 0, "a takeover leaves the job without an owner");
+    let deadline = job.lease_expires_at_ms.expect("deadline");
+    assert!(within(before, after, p.dispatch_timeout_ms(), deadline), "new dispatch deadline {deadline} not from {before}..{after}");
     Ok(())
 }
 
@@ -318,13 +391,14 @@ on_both!(two_processors, two_processors_one_transition);
 on_both!(stale_attempt, stale_attempt_is_refused_after_takeover);
 on_both!(retry_budget, temporary_errors_retry_then_fail);
 on_both!(dropped_attempt, dropped_attempt_stops_renewing);
+on_both!(lease_clock, leases_follow_the_database_clock);
 on_both!(commit_answer_lost, commit_answer_lost_after_commit);
 on_both!(connection_lost_before_commit, connection_lost_before_the_commit);
 
 async fn commit_answer_lost_after_commit(database: Database) -> anyhow::Result<()> {
-    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::CommitThenLoseAnswer).await
+    unknown_commit_outcome_is_resolved_by_reading(database, Action::CommitThenLoseAnswer).await
 }
 
 async fn connection_lost_before_the_commit(database: Database) -> anyhow::Result<()> {
-    unknown_commit_outcome_is_resolved_by_reading(database, FaultAction::DropThenLoseAnswer).await
+    unknown_commit_outcome_is_resolved_by_reading(database, Action::DropThenLoseAnswer).await
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{ALICE, Broker, Database, export_body};
 use herald::pipeline::{self, Dispatch, Options, Roles};
-use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
+use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_rebuild::replay::ReplayProgress;
@@ -56,7 +56,6 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
             idle_wait: Duration::from_millis(20),
             ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
         },
-        hook: AfterResponseHook::default(),
     };
     let dispatcher = pipeline::start_roles(
         stack.wiring.clone(),

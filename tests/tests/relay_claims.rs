@@ -3,8 +3,8 @@
 //! only with the current token and an unexpired lease; release keeps the
 //! cursor for the next holder.
 
+use herald_relay::claims::{self as store, Cursor, Fence, SLICES};
 use herald_store::Db;
-use herald_store::relay::{self as store, Cursor, Fence, SLICES};
 use herald_testkit::Gate;
 
 async fn dbs(postgres: bool) -> anyhow::Result<(herald_testkit::TestDb, Db, Db)> {
@@ -58,7 +58,7 @@ async fn progress_is_fenced(postgres: bool) -> anyhow::Result<()> {
     // The lease runs out: even the right token may not write any more.
     sqlx::query("UPDATE relay_slices SET claim_expires_at_ms = 0 WHERE slice = $1").bind(claim.slice).execute(a.pool()).await?;
     assert_eq!(store::record_progress(&a, &claim, &regress, &[], &[], 60_000).await?, Fence::Lost);
-    assert!(store::renew(&a, std::slice::from_ref(&claim.token), 60_000).await?.is_empty(), "an expired lease is not renewed");
+    assert!(store::renew(&a, std::slice::from_ref(&claim), 60_000).await?.is_empty(), "an expired lease is not renewed");
 
     // A new claim of the same slice is a new token and a higher count, and
     // goes on from the last recorded cursor.
@@ -67,7 +67,7 @@ async fn progress_is_fenced(postgres: bool) -> anyhow::Result<()> {
     assert_ne!(again.token, claim.token);
     assert_eq!(again.attempt_count, 2);
     assert_eq!(again.cursor.seq, 5);
-    assert!(store::release(&a, &again.token).await?);
+    assert!(store::release(&a, &again).await?);
     let after = store::claim(&a, "b", 60_000, 1).await?.remove(0);
     assert_eq!((after.slice, after.cursor.seq), (claim.slice, 5), "a released slice is free at once, cursor kept");
     Ok(())

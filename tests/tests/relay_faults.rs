@@ -6,17 +6,18 @@
 mod relay_support;
 
 use herald_kafka::KafkaConfig;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use herald_relay::{Probe, ProbeAction, RelayConfig};
-use herald_store::relay::{self as store, slice_of};
+use herald_fault::{Action, Hook, Point};
+use herald_relay::RelayConfig;
+use herald_relay::claims::{self as store, slice_of};
 use herald_store::{Db, outbox};
 use herald_testkit::Gate;
 use herald_testkit::kafka::first_occurrences_by_key;
 use rdkafka::types::RDKafkaRespErr;
-use relay_support::{bench, config, stat, wait_until, with_probe};
+use relay_support::{bench, config, stat, wait_until, with_faults};
 
 const DELIVERED: &str = "SELECT COUNT(*) AS n FROM outbox WHERE status = 'delivered'";
 
@@ -67,20 +68,19 @@ async fn refused_produce_requests_are_retried_with_the_same_event_id() -> anyhow
 
 /// Loses the acknowledgement of the first batch, as if the relay died between
 /// the broker's ack and the progress write.
-struct LoseFirstAck(AtomicBool);
-
-impl Probe for LoseFirstAck {
-    fn before_progress(&self, _slice: i32, _rows: usize) -> BoxFuture<'_, ProbeAction> {
-        let first = !self.0.swap(true, Ordering::SeqCst);
-        Box::pin(async move { if first { ProbeAction::LoseAck } else { ProbeAction::Continue } })
-    }
+fn lose_first_ack() -> Hook {
+    let lost = Arc::new(AtomicBool::new(false));
+    Hook::new(move |site| {
+        let first = site.point == Point::BeforeProgress && !lost.swap(true, Ordering::SeqCst);
+        async move { if first { Action::LoseAck } else { Action::Continue } }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_ack_republishes_the_rows_with_the_same_event_ids() -> anyhow::Result<()> {
     let b = bench(true).await?;
     let ids = b.append(&["lost-ack"; 10]).await?;
-    let running = b.start(with_probe(config("lost-ack"), LoseFirstAck(AtomicBool::new(false))))?;
+    let running = b.start(with_faults(config("lost-ack"), lose_first_ack()))?;
     b.wait_count(DELIVERED, 10).await?;
     let stats = running.stats.clone();
     running.stop().await?;
@@ -97,23 +97,19 @@ async fn a_lost_ack_republishes_the_rows_with_the_same_event_ids() -> anyhow::Re
 
 /// Holds the relay right before its first progress write of `slice` until
 /// the test lets it go: a relay paused (GC, SIGSTOP, slow disk) past its lease.
-struct PauseBeforeProgress {
-    slice: i32,
-    paused: AtomicBool,
-    reached: Gate,
-    resume: Gate,
-}
-
-impl Probe for PauseBeforeProgress {
-    fn before_progress(&self, slice: i32, _rows: usize) -> BoxFuture<'_, ProbeAction> {
-        Box::pin(async move {
-            if slice == self.slice && !self.paused.swap(true, Ordering::SeqCst) {
-                self.reached.arrive_and_wait().await;
-                self.resume.arrive_and_wait().await;
+fn pause_before_progress(slice: i32, reached: Gate, resume: Gate) -> Hook {
+    let paused = Arc::new(AtomicBool::new(false));
+    Hook::new(move |site| {
+        let pause = site.point == Point::BeforeProgress && site.subject == slice.to_string() && !paused.swap(true, Ordering::SeqCst);
+        let (reached, resume) = (reached.clone(), resume.clone());
+        async move {
+            if pause {
+                reached.arrive_and_wait().await;
+                resume.arrive_and_wait().await;
             }
-            ProbeAction::Continue
-        })
-    }
+            Action::Continue
+        }
+    })
 }
 
 async fn fenced(postgres: bool) -> anyhow::Result<()> {
@@ -122,10 +118,10 @@ async fn fenced(postgres: bool) -> anyhow::Result<()> {
     let slice = slice_of(key);
     let first = b.append(&[key; 5]).await?;
     let (reached, resume) = (Gate::new(2), Gate::new(2));
-    let probe = PauseBeforeProgress { slice, paused: AtomicBool::new(false), reached: reached.clone(), resume: resume.clone() };
+    let faults = pause_before_progress(slice, reached.clone(), resume.clone());
     // A renews nothing while paused: its lease runs out like a stopped process's.
     let a_config = RelayConfig { renew_every: Duration::from_secs(3600), lease: Duration::from_secs(60), ..config("relay-a") };
-    let a = b.start(with_probe(a_config, probe))?;
+    let a = b.start(with_faults(a_config, faults))?;
     reached.arrive_and_wait().await; // A published its batch and waits before recording it.
 
     let later = b.append(&[key; 5]).await?;

@@ -488,19 +488,20 @@ async fn rebalance_mid_stream(database: Database, broker: Broker, redelivery_pos
     bed.publish(&bed.events(0, 100)?).await?;
     let paused = Arc::new(tokio::sync::Notify::new());
     let release = Arc::new(tokio::sync::Notify::new());
-    let hook: herald_consumer::AfterCommit = {
+    let hook = {
         let (paused, release) = (paused.clone(), release.clone());
-        Arc::new(move |batch| {
+        herald_fault::Hook::new(move |site| {
             let (paused, release) = (paused.clone(), release.clone());
-            Box::pin(async move {
-                if batch == 2 {
+            async move {
+                if site.point == herald_fault::Point::AfterCommit && site.n == 2 {
                     paused.notify_one();
                     release.notified().await;
                 }
-            })
+                herald_fault::Action::Continue
+            }
         })
     };
-    let a = bed.start_with(Name::Stats, Options { max_batch: 10, after_commit: Some(hook), ..Options::default() });
+    let a = bed.start_with(Name::Stats, Options { max_batch: 10, faults: hook, ..Options::default() });
     paused.notified().await;
     let b = bed.start_with(Name::Stats, Options { max_batch: 10, ..Options::default() });
     release.notify_one();

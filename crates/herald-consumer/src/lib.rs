@@ -54,4 +54,4 @@ pub use parking::Released;
 pub use projection::{Fingerprint, Live, Projection};
 pub use redrive::{Discarded, RedriveOutcome, Redriven, discard, redrive, redrive_processor, redrive_releasing, redrive_with};
 pub use runtime::{Processed, Processor, Subscription, run};
-pub use subscription::{AfterCommit, Options, run_subscription};
+pub use subscription::{Options, run_subscription};

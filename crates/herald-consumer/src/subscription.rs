@@ -4,14 +4,12 @@
 //! and synchronously before partitions are revoked or the consumer stops).
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use herald_envelope::Registry;
 use herald_envelope::legacy::SOURCE_ALIASES;
+use herald_fault::{Hook, Point};
 use herald_store::{Db, inbox};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
@@ -25,10 +23,6 @@ use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
 use crate::metrics::{Metrics, Snapshot};
 use crate::{Handler, Order, RunError, Subscription};
-
-/// Called with the batch number after a batch's transaction committed and
-/// before its offsets are stored: the window a crash test aims at.
-pub type AfterCommit = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Tuning of a subscription.
 #[derive(Clone)]
@@ -50,8 +44,11 @@ pub struct Options {
     /// Per-key order past a dead letter; `None`: what the handler declares
     /// ([`Handler::order`]).
     pub order: Option<Order>,
-    /// Fault-injection point; `None` in production.
-    pub after_commit: Option<AfterCommit>,
+    /// Fault injection (none in production): [`Point::AfterCommit`], with
+    /// the subscription and the batch number, after a batch's transaction
+    /// committed and before its offsets are stored — the window a crash
+    /// test aims at.
+    pub faults: Hook,
     /// Writer schemas this subscription can decode; a record naming another
     /// is dead-lettered as `unknown schema <file>`.
     pub registry: Registry,
@@ -66,7 +63,7 @@ impl Default for Options {
             batches_per_poll: 4,
             max_attempts: 3,
             order: None,
-            after_commit: None,
+            faults: Hook::none(),
             registry: Registry::embedded(),
         }
     }
@@ -81,7 +78,7 @@ impl std::fmt::Debug for Options {
             .field("batches_per_poll", &self.batches_per_poll)
             .field("max_attempts", &self.max_attempts)
             .field("order", &self.order)
-            .field("after_commit", &self.after_commit.is_some())
+            .field("faults", &self.faults)
             .field("schemas", &self.registry.files().collect::<Vec<_>>())
             .finish()
     }
@@ -158,9 +155,8 @@ async fn lane<H: Handler>(
             return Ok(false);
         }
         let n = committed.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Some(hook) = &applier.options.after_commit {
-            hook(n).await;
-        }
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        let _ = applier.options.faults.at(Point::AfterCommit, applier.subscription, n).await;
         store_offsets(consumer, applier.subscription, &batch);
     }
     Ok(true)

@@ -1,17 +1,20 @@
 //! Attempts: each runs under a processing generation that only it holds.
-//! Every write an attempt makes is conditional on (job id, generation,
-//! `running`), so once a takeover bumped the generation, the old attempt can
-//! change nothing — however late it wakes up.
+//! The generation is the token of the job's lease (the store's lease
+//! primitive, [`herald_store::lease`], with the lease's expiry by the
+//! database's clock). Every write an attempt makes is conditional on (job id,
+//! generation, `running`), so once a takeover bumped the generation, the old
+//! attempt can change nothing — however late it wakes up.
 
 use chrono::Utc;
 use herald_envelope::{ExportCompleted, ExportFailed, OutboxEvent};
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::Topics;
+use herald_store::lease::{self, Held, LeaseTable, Pick, Take, Token, TokenKind, Value, Write};
 use herald_store::{Db, StoreError, now_ms, outbox};
 use sqlx::Row;
 
 use crate::ExportError;
 use crate::artifact::StoredArtifact;
-use crate::faults::{FaultAction, FaultPoint, Faults};
 use crate::jobs::{JOB_COLUMNS, Job, row_to_job};
 use crate::lifecycle::{AfterFailure, FAILED, LeasePolicy, PENDING, RUNNING, SUCCEEDED};
 
@@ -23,39 +26,51 @@ pub struct Attempt {
     pub owner: String,
 }
 
-/// Claims the job for a new attempt if it is pending, or running under an
-/// expired lease. `None`: a live attempt holds it or it is finished — a
-/// duplicate command, not a reason to act.
-pub async fn start(db: &Db, job_id: &str, owner: &str, policy: &LeasePolicy, now: i64) -> Result<Option<Attempt>, StoreError> {
-    let sql = format!(
-        "UPDATE export_jobs SET status = $1, generation = generation + 1, attempts = attempts + 1, \
-         lease_owner = $2, lease_expires_at_ms = $3, updated_at_ms = $4 \
-         WHERE job_id = $5 AND (status = $6 OR (status = $1 AND lease_expires_at_ms < $4)) \
-         RETURNING {JOB_COLUMNS}"
-    );
-    let row = sqlx::query(&sql)
-        .bind(RUNNING)
-        .bind(owner)
-        .bind(now + policy.lease_ms())
-        .bind(now)
-        .bind(job_id)
-        .bind(PENDING)
-        .fetch_optional(db.pool())
-        .await?;
+/// `export_jobs` as a lease table. The token is the generation: every take
+/// (a start or a takeover) bumps it, and every write of an attempt is
+/// conditional on its own.
+pub(crate) const JOB_LEASE: LeaseTable = LeaseTable {
+    table: "export_jobs",
+    key: "job_id",
+    owner: "lease_owner",
+    token: "generation",
+    expires_at: "lease_expires_at_ms",
+    token_kind: TokenKind::Counter,
+    released: "NULL",
+};
+
+impl Attempt {
+    fn held(&self) -> Held {
+        Held { key: Value::from(self.job.job_id.as_str()), token: Token::Counter(self.generation) }
+    }
+}
+
+/// Claims the job for a new attempt if it is pending, or running under a
+/// lease expired by the database's clock. `None`: a live attempt holds it or
+/// it is finished — a duplicate command, not a reason to act.
+pub async fn start(db: &Db, job_id: &str, owner: &str, policy: &LeasePolicy) -> Result<Option<Attempt>, StoreError> {
+    let key = Value::from(job_id);
+    let take = Take {
+        owner: Some(owner),
+        ttl_ms: policy.lease_ms(),
+        pick: Pick::Key(&key),
+        eligible: Some("status IN ($1, $2)"),
+        free: Some("status = $2"),
+        set: Some("status = $1, attempts = attempts + 1, updated_at_ms = $3"),
+        returning: JOB_COLUMNS,
+        binds: 3,
+    };
+    let statement = JOB_LEASE.take(db, &take);
+    let row = statement.query(|q| q.bind(RUNNING).bind(PENDING).bind(now_ms())).fetch_optional(db.pool()).await?;
     let Some(row) = row else { return Ok(None) };
     let job = row_to_job(&row)?;
     Ok(Some(Attempt { generation: job.generation, job, owner: owner.to_owned() }))
 }
 
 /// Extends the lease. `false`: the attempt lost the job and must stop.
-pub async fn renew(db: &Db, attempt: &Attempt, policy: &LeasePolicy, now: i64) -> Result<bool, StoreError> {
-    let done = sqlx::query("UPDATE export_jobs SET lease_expires_at_ms = $1 WHERE job_id = $2 AND generation = $3 AND status = $4")
-        .bind(now + policy.lease_ms())
-        .bind(&attempt.job.job_id)
-        .bind(attempt.generation)
-        .bind(RUNNING)
-        .execute(db.pool())
-        .await?;
+pub async fn renew(db: &Db, attempt: &Attempt, policy: &LeasePolicy) -> Result<bool, StoreError> {
+    let write = Write { extend_ms: Some(policy.lease_ms()), also: Some("status = $1"), binds: 1, ..Write::default() };
+    let done = JOB_LEASE.write(db, &attempt.held(), &write).query(|q| q.bind(RUNNING)).execute(db.pool()).await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -94,29 +109,29 @@ pub async fn complete(
     topics: &Topics,
     attempt: &Attempt,
     artifact: &StoredArtifact,
-    faults: &Faults,
+    faults: &Hook,
 ) -> Result<Completion, ExportError> {
     let job = &attempt.job;
     let now = now_ms();
     let version = job.version + 1;
     let mut tx = db.begin().await?;
-    let updated = sqlx::query(
-        "UPDATE export_jobs SET status = $1, version = $2, result_id = $3, result_size = $4, result_sha256 = $5, \
-         updated_at_ms = $6, completed_at_ms = $6, lease_owner = NULL, lease_expires_at_ms = NULL \
-         WHERE job_id = $7 AND generation = $8 AND status = $9",
-    )
-    .bind(SUCCEEDED)
-    .bind(version)
-    .bind(&artifact.result_id)
-    .bind(artifact.size_bytes)
-    .bind(&artifact.sha256)
-    .bind(now)
-    .bind(&job.job_id)
-    .bind(attempt.generation)
-    .bind(RUNNING)
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
+    // Fenced by the generation and the running state, not by the lease's
+    // expiry: until a takeover bumped the generation, the attempt is the one.
+    let set = "status = $1, version = $2, result_id = $3, result_size = $4, result_sha256 = $5, updated_at_ms = $6, completed_at_ms = $6";
+    let statement = JOB_LEASE.release(&attempt.held(), Some(set), Some("status = $7"), 7);
+    let updated = statement
+        .query(|q| {
+            q.bind(SUCCEEDED)
+                .bind(version)
+                .bind(&artifact.result_id)
+                .bind(artifact.size_bytes)
+                .bind(&artifact.sha256)
+                .bind(now)
+                .bind(RUNNING)
+        })
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
     if updated.rows_affected() != 1 {
         tx.rollback().await.map_err(StoreError::from)?;
         return Ok(Completion::Refused);
@@ -134,16 +149,16 @@ pub async fn complete(
         content_type: crate::artifact::content_type(&job.format).to_owned(),
     };
     outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
-    match faults.at(FaultPoint::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
-        FaultAction::CommitThenLoseAnswer => {
+    match crate::fault_at(faults, Point::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
+        Action::CommitThenLoseAnswer => {
             tx.commit().await.map_err(StoreError::from)?;
             return Ok(Completion::Unknown("injected: commit answer lost".into()));
         }
-        FaultAction::DropThenLoseAnswer => {
+        Action::DropThenLoseAnswer => {
             drop(tx);
             return Ok(Completion::Unknown("injected: connection lost before commit".into()));
         }
-        FaultAction::Continue | FaultAction::Fail(_) => {}
+        Action::Continue | Action::Fail(_) | Action::LoseAck => {}
     }
     match tx.commit().await.map_err(StoreError::from) {
         Ok(()) => Ok(Completion::Completed),
@@ -209,28 +224,21 @@ pub async fn record_failure(
 ) -> Result<FailureOutcome, ExportError> {
     let now = now_ms();
     let failures = attempt.job.failures + 1;
-    let decision = policy.after_failure(failures, now, jitter);
+    // The retry time is a deadline the scanner judges by the database's clock.
+    let decision = policy.after_failure(failures, lease::db_now(db).await?, jitter);
     let (status, deadline, version) = match decision {
         AfterFailure::Retry { retry_at_ms } => (PENDING, Some(retry_at_ms), attempt.job.version),
         AfterFailure::Fail => (FAILED, None, attempt.job.version + 1),
     };
     let mut tx = db.begin().await?;
-    let updated = sqlx::query(
-        "UPDATE export_jobs SET status = $1, failures = $2, last_error = $3, lease_owner = NULL, \
-         lease_expires_at_ms = $4, version = $5, updated_at_ms = $6 WHERE job_id = $7 AND generation = $8 AND status = $9",
-    )
-    .bind(status)
-    .bind(failures)
-    .bind(error)
-    .bind(deadline)
-    .bind(version)
-    .bind(now)
-    .bind(&attempt.job.job_id)
-    .bind(attempt.generation)
-    .bind(RUNNING)
-    .execute(&mut *tx)
-    .await
-    .map_err(StoreError::from)?;
+    let set = "status = $1, failures = $2, last_error = $3, lease_owner = NULL, lease_expires_at_ms = $4, version = $5, updated_at_ms = $6";
+    let write = Write { set, also: Some("status = $7"), binds: 7, ..Write::default() };
+    let statement = JOB_LEASE.write(db, &attempt.held(), &write);
+    let updated = statement
+        .query(|q| q.bind(status).bind(failures).bind(error).bind(deadline).bind(version).bind(now).bind(RUNNING))
+        .execute(&mut *tx)
+        .await
+        .map_err(StoreError::from)?;
     if updated.rows_affected() != 1 {
         tx.rollback().await.map_err(StoreError::from)?;
         return Ok(FailureOutcome::Stale);

@@ -1,7 +1,7 @@
 use herald_store::StoreError;
 use thiserror::Error;
 
-use crate::faults::FaultPoint;
+use herald_fault::Point;
 
 /// Export-domain failures, each naming what the caller should do.
 #[derive(Debug, Error)]
@@ -38,7 +38,7 @@ pub enum ExportError {
     /// A fault injected at a named point (tests, `HERALD_FAULT`): behaves like
     /// a retryable infrastructure failure.
     #[error("injected fault at {point}: {message}")]
-    Injected { point: FaultPoint, message: String },
+    Injected { point: Point, message: String },
 }
 
 impl ExportError {

@@ -10,9 +10,9 @@ use serde::Serialize;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::{self, LeasePolicy};
 use crate::{ExportError, ExportRequest, OPERATION_CREATE};
+use herald_fault::{Hook, Point};
 
 pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
@@ -64,12 +64,12 @@ pub struct IntakeConfig {
     /// Most unfinished jobs one caller may have.
     pub quota: i64,
     pub policy: LeasePolicy,
-    pub faults: Faults,
+    pub faults: Hook,
 }
 
 impl IntakeConfig {
     pub fn new(topics: Topics) -> IntakeConfig {
-        IntakeConfig { topics, quota: 1000, policy: LeasePolicy::default(), faults: Faults::none() }
+        IntakeConfig { topics, quota: 1000, policy: LeasePolicy::default(), faults: Hook::none() }
     }
 }
 
@@ -81,11 +81,11 @@ pub async fn submit(db: &Db, config: &IntakeConfig, caller: &str, key: &str, req
     if let Some(found) = existing(db, caller, key, &fingerprint).await? {
         return Ok(Submitted::Existing(found));
     }
-    config.faults.at(FaultPoint::IntakeChecked, key, 0).await?;
+    crate::fault_at(&config.faults, Point::IntakeChecked, key, 0).await?;
     let mut tx = db.begin().await?;
     check_quota(db.backend(), &mut tx, caller, config.quota).await?;
-    let job = insert_job(&mut tx, caller, request, config.policy.dispatch_timeout_ms()).await?;
-    config.faults.at(FaultPoint::AfterJobInsert, &job.job_id, 0).await?;
+    let job = insert_job(db, &mut tx, caller, request, config.policy.dispatch_timeout_ms()).await?;
+    crate::fault_at(&config.faults, Point::AfterJobInsert, &job.job_id, 0).await?;
     if !insert_intent(&mut tx, caller, key, &fingerprint, &job.job_id).await? {
         // Another request with this key committed first: ours is discarded whole.
         tx.rollback().await.map_err(StoreError::from)?;
@@ -158,9 +158,9 @@ async fn existing(db: &Db, caller: &str, key: &str, fingerprint: &str) -> Result
     Ok(get(db, caller, &job_id).await?)
 }
 
-async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest, dispatch_timeout_ms: i64) -> Result<Job, StoreError> {
+async fn insert_job(db: &Db, tx: &mut Tx<'_>, caller: &str, request: &ExportRequest, dispatch_timeout_ms: i64) -> Result<Job, StoreError> {
     let now = now_ms();
-    let job = Job {
+    let mut job = Job {
         job_id: uuid::Uuid::now_v7().to_string(),
         caller: caller.to_owned(),
         format: request.format.as_str().to_owned(),
@@ -176,22 +176,27 @@ async fn insert_job(tx: &mut Tx<'_>, caller: &str, request: &ExportRequest, disp
         result_sha256: None,
         created_at_ms: now,
         completed_at_ms: None,
-        lease_expires_at_ms: Some(now + dispatch_timeout_ms),
+        lease_expires_at_ms: None,
     };
-    sqlx::query(
+    // The dispatch deadline is judged by the scanner against the database's
+    // clock, so it is written by that clock too.
+    let sql = format!(
         "INSERT INTO export_jobs (job_id, caller, format, query, status, version, created_at_ms, updated_at_ms, \
-         lease_expires_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8)",
-    )
-    .bind(&job.job_id)
-    .bind(&job.caller)
-    .bind(&job.format)
-    .bind(&job.query)
-    .bind(&job.status)
-    .bind(job.version)
-    .bind(now)
-    .bind(job.lease_expires_at_ms)
-    .execute(&mut **tx)
-    .await?;
+         lease_expires_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $7, {} + $8) RETURNING lease_expires_at_ms",
+        db.now_sql()
+    );
+    let row = sqlx::query(&sql)
+        .bind(&job.job_id)
+        .bind(&job.caller)
+        .bind(&job.format)
+        .bind(&job.query)
+        .bind(&job.status)
+        .bind(job.version)
+        .bind(now)
+        .bind(dispatch_timeout_ms)
+        .fetch_one(&mut **tx)
+        .await?;
+    job.lease_expires_at_ms = row.try_get("lease_expires_at_ms")?;
     Ok(job)
 }
 

@@ -13,13 +13,11 @@
 //! - [`cleanup`]: removes candidate artifacts no attempt can select any more.
 //! - [`worker`]: consumes export commands and runs attempts.
 //! - [`artifact`]: rendering and create-only, verified storage of results.
-//! - [`faults`]: named fault points for tests and drills.
 
 pub mod artifact;
 pub mod attempts;
 pub mod cleanup;
 pub mod deletion;
-pub mod faults;
 pub mod intake;
 pub mod jobs;
 pub mod lifecycle;
@@ -32,6 +30,17 @@ pub use error::ExportError;
 pub use intake::{ExportRequest, Format};
 pub use jobs::{IntakeConfig, Job, Submitted};
 pub use lifecycle::LeasePolicy;
+
+use herald_fault::{Action, Hook, Point};
+
+/// Runs `hook` at one of the export's fault points; a `Fail` becomes an
+/// error for `?`.
+pub(crate) async fn fault_at(hook: &Hook, point: Point, job_id: &str, generation: i64) -> Result<Action, ExportError> {
+    match hook.at(point, job_id, generation).await {
+        Action::Fail(message) => Err(ExportError::Injected { point, message }),
+        other => Ok(other),
+    }
+}
 
 /// Operation name under which intake keys are scoped.
 pub const OPERATION_CREATE: &str = "export.create";

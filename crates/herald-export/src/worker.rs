@@ -8,15 +8,15 @@ use std::time::Duration;
 use herald_consumer::{ProcessError, Processed, Processor};
 use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
-use herald_store::{Db, now_ms};
+use herald_store::Db;
 use rdkafka::message::OwnedMessage;
 use tracing::{debug, info, warn};
 
 use crate::ExportError;
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
 use crate::attempts::{self, Attempt, Completion, FailureOutcome, Resolved};
-use crate::faults::{FaultPoint, Faults};
 use crate::lifecycle::LeasePolicy;
+use herald_fault::{Hook, Point};
 
 /// Subscription name of the workers: consumer group `herald.export-workers`,
 /// and the scope of the commands they dead-letter.
@@ -49,20 +49,20 @@ pub struct ExportWorker {
     topics: Topics,
     artifacts: ArtifactStore,
     policy: LeasePolicy,
-    faults: Faults,
+    faults: Hook,
     owner: String,
 }
 
 impl ExportWorker {
-    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore, policy: LeasePolicy, faults: Faults) -> ExportWorker {
+    pub fn new(db: Db, topics: Topics, artifacts: ArtifactStore, policy: LeasePolicy, faults: Hook) -> ExportWorker {
         let owner = format!("worker-{}", uuid::Uuid::new_v4().simple());
         ExportWorker { db, topics, artifacts, policy, faults, owner }
     }
 
     /// Runs the job a command names, if it is this worker's to run.
     pub async fn handle(&self, job_id: &str) -> Result<Outcome, ExportError> {
-        self.faults.at(FaultPoint::BeforeStart, job_id, 0).await?;
-        let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy, now_ms()).await? else {
+        crate::fault_at(&self.faults, Point::BeforeStart, job_id, 0).await?;
+        let Some(attempt) = attempts::start(&self.db, job_id, &self.owner, &self.policy).await? else {
             debug!(job_id, "job finished or held by a live attempt; command skipped");
             return Ok(Outcome::Skipped);
         };
@@ -88,7 +88,7 @@ impl ExportWorker {
         let result_id = ArtifactStore::candidate_key(&attempt.job, attempt.generation);
         attempts::register_candidate(&self.db, attempt, &result_id).await?;
         let artifact = self.artifacts.put_candidate(&result_id, render(&attempt.job)).await?;
-        self.faults.at(FaultPoint::ArtifactWritten, &attempt.job.job_id, attempt.generation).await?;
+        crate::fault_at(&self.faults, Point::ArtifactWritten, &attempt.job.job_id, attempt.generation).await?;
         self.complete(attempt, &artifact).await
     }
 
@@ -141,7 +141,7 @@ async fn keep_lease(db: &Db, attempt: &Attempt, policy: &LeasePolicy) {
     let period = (policy.lease / 3).max(Duration::from_millis(10));
     loop {
         tokio::time::sleep(period).await;
-        match attempts::renew(db, attempt, policy, now_ms()).await {
+        match attempts::renew(db, attempt, policy).await {
             Ok(true) => {}
             Ok(false) => return,
             Err(e) => warn!(job_id = %attempt.job.job_id, error = %e, "lease renewal failed; retrying"),

@@ -1,6 +1,8 @@
-//! Claims on intents, as in the relay: an owner, a token and a lease, kept
-//! apart from the intent's status, and timed by the database's clock — hosts'
-//! clocks may disagree, the database's is the one every dispatcher reads.
+//! Claims on intents: the store's lease primitive
+//! ([`herald_store::lease`]) on `notification_intents` — an owner, a token
+//! and a lease, kept apart from the intent's status, and timed by the
+//! database's clock (hosts' clocks may disagree, the database's is the one
+//! every dispatcher reads).
 //!
 //! A batch claim only reserves intents. Each provider call is preceded by
 //! [`begin_call`], a conditional renew that succeeds only while the claim is
@@ -13,7 +15,8 @@
 
 use std::time::{Duration, Instant};
 
-use herald_store::{Backend, Db, StoreError};
+use herald_store::lease::{Held, LeaseTable, Pick, Take, Token, TokenKind, Value, Write};
+use herald_store::{Db, StoreError};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -64,28 +67,49 @@ pub struct CallStart {
     pub renewed_at: DbInstant,
 }
 
+/// `notification_intents` as a lease table: no claim is `NULL` throughout.
+const INTENT_LEASE: LeaseTable = LeaseTable {
+    table: "notification_intents",
+    key: "idempotency_key",
+    owner: "claim_owner",
+    token: "claim_token",
+    expires_at: "claim_expires_at_ms",
+    token_kind: TokenKind::Minted,
+    released: "NULL",
+};
+
+impl Claimed {
+    fn held(&self) -> Held {
+        Held { key: Value::from(self.key.as_str()), token: Token::Text(self.token.clone()) }
+    }
+}
+
 /// Claims up to `limit` due intents for `owner` for `lease_ms`.
 pub async fn claim(db: &Db, owner: &str, lease_ms: i64, limit: i64) -> Result<Vec<Claimed>, StoreError> {
     let now = db.now_sql();
-    let token = uuid::Uuid::new_v4().to_string();
-    // The claim conditions are repeated outside the subquery: on PostgreSQL a
-    // row locked by a concurrent claimer is re-checked against them after that
-    // claimer commits, so it cannot be claimed twice.
-    let lock = if db.backend() == Backend::Postgres { "FOR UPDATE SKIP LOCKED" } else { "" };
-    let due = format!("status = $1 AND next_attempt_at_ms <= {now} AND (claim_expires_at_ms IS NULL OR claim_expires_at_ms < {now})");
+    let due = format!("status = $1 AND next_attempt_at_ms <= {now}");
     // A call started under the claim this one replaces never finished: it may
     // have reached the provider. Set expressions read the row as it was.
-    let sql = format!(
-        "UPDATE notification_intents SET reclaimed = CASE WHEN call_started_at_ms IS NULL THEN 0 ELSE 1 END, \
+    let set = format!(
+        "reclaimed = CASE WHEN call_started_at_ms IS NULL THEN 0 ELSE 1 END, \
          may_have_executed = CASE WHEN call_started_at_ms IS NULL THEN may_have_executed ELSE 1 END, \
-         call_started_at_ms = NULL, claim_owner = $2, claim_token = $3, claimed_at_ms = {now}, \
-         claim_expires_at_ms = {now} + $4, updated_at_ms = {now} \
-         WHERE {due} AND idempotency_key IN (SELECT idempotency_key FROM notification_intents WHERE {due} \
-         ORDER BY created_at_ms LIMIT $5 {lock}) \
-         RETURNING idempotency_key, body, recipient, claim_token, attempts, first_attempt_at_ms, may_have_executed, {now} AS db_now_ms"
+         call_started_at_ms = NULL, claimed_at_ms = {now}, updated_at_ms = {now}"
     );
+    let returning =
+        format!("idempotency_key, body, recipient, claim_token, attempts, first_attempt_at_ms, may_have_executed, {now} AS db_now_ms");
+    let take = Take {
+        owner: Some(owner),
+        ttl_ms: lease_ms,
+        pick: Pick::First { order_by: "created_at_ms", limit },
+        eligible: Some(due.as_str()),
+        free: Some("claim_expires_at_ms IS NULL"),
+        set: Some(set.as_str()),
+        returning: &returning,
+        binds: 1,
+    };
+    let statement = INTENT_LEASE.take(db, &take);
     let sent = Instant::now();
-    let rows = sqlx::query(&sql).bind(PENDING).bind(owner).bind(&token).bind(lease_ms).bind(limit).fetch_all(db.pool()).await?;
+    let rows = statement.query(|q| q.bind(PENDING)).fetch_all(db.pool()).await?;
     rows.iter().map(|row| row_to_claimed(row, sent)).collect()
 }
 
@@ -107,14 +131,15 @@ fn row_to_claimed(row: &AnyRow, sent: Instant) -> Result<Claimed, StoreError> {
 /// unexpired. `None`: the claim is lost and no call may start.
 pub async fn begin_call(db: &Db, claimed: &Claimed, lease_ms: i64) -> Result<Option<CallStart>, StoreError> {
     let now = db.now_sql();
-    let sql = format!(
-        "UPDATE notification_intents SET claim_expires_at_ms = {now} + $1, attempts = attempts + 1, \
-         first_attempt_at_ms = COALESCE(first_attempt_at_ms, {now}), call_started_at_ms = {now}, updated_at_ms = {now} \
-         WHERE idempotency_key = $2 AND claim_token = $3 AND claim_expires_at_ms > {now} \
-         RETURNING attempts, first_attempt_at_ms, {now} AS db_now_ms"
+    let set = format!(
+        "attempts = attempts + 1, first_attempt_at_ms = COALESCE(first_attempt_at_ms, {now}), \
+         call_started_at_ms = {now}, updated_at_ms = {now}"
     );
+    let returning = format!("attempts, first_attempt_at_ms, {now} AS db_now_ms");
+    let write = Write { set: &set, extend_ms: Some(lease_ms), unexpired: true, returning: Some(returning.as_str()), ..Write::default() };
+    let statement = INTENT_LEASE.write(db, &claimed.held(), &write);
     let sent = Instant::now();
-    let row = sqlx::query(&sql).bind(lease_ms).bind(&claimed.key).bind(&claimed.token).fetch_optional(db.pool()).await?;
+    let row = statement.plain().fetch_optional(db.pool()).await?;
     row.map(|row| {
         Ok(CallStart {
             attempts: row.try_get("attempts")?,
@@ -134,20 +159,14 @@ pub async fn finish(db: &Db, claimed: &Claimed, transition: &Transition, may_hav
         Transition::Unknown { reason } | Transition::Dead { reason } => (None, Some(reason.as_str()), 0),
         Transition::Conflict { detail } | Transition::Failed { detail } => (None, Some(detail.as_str()), 0),
     };
-    let sql = format!(
-        "UPDATE notification_intents SET status = $1, receipt = $2, last_error = $3, next_attempt_at_ms = $4, \
-         may_have_executed = $5, call_started_at_ms = NULL, claim_owner = NULL, claim_token = NULL, \
-         claim_expires_at_ms = NULL, updated_at_ms = {} WHERE idempotency_key = $6 AND claim_token = $7",
+    let set = format!(
+        "status = $1, receipt = $2, last_error = $3, next_attempt_at_ms = $4, may_have_executed = $5, \
+         call_started_at_ms = NULL, updated_at_ms = {}",
         db.now_sql()
     );
-    let done = sqlx::query(&sql)
-        .bind(transition.status())
-        .bind(receipt)
-        .bind(error)
-        .bind(next_at)
-        .bind(i32::from(may_have_executed))
-        .bind(&claimed.key)
-        .bind(&claimed.token)
+    let statement = INTENT_LEASE.release(&claimed.held(), Some(set.as_str()), None, 5);
+    let done = statement
+        .query(|q| q.bind(transition.status()).bind(receipt).bind(error).bind(next_at).bind(i32::from(may_have_executed)))
         .execute(db.pool())
         .await?;
     Ok(done.rows_affected() == 1)
@@ -156,38 +175,22 @@ pub async fn finish(db: &Db, claimed: &Claimed, transition: &Transition, may_hav
 /// Gives a claim back untouched, for intents this dispatcher claimed but never
 /// began to call (shutdown, or a pause before their turn): no lease is owed.
 pub async fn release_unsent(db: &Db, claimed: &Claimed) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE notification_intents SET claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL \
-         WHERE idempotency_key = $1 AND claim_token = $2 AND call_started_at_ms IS NULL",
-    )
-    .bind(&claimed.key)
-    .bind(&claimed.token)
-    .execute(db.pool())
-    .await?;
+    INTENT_LEASE.release(&claimed.held(), None, Some("call_started_at_ms IS NULL"), 0).plain().execute(db.pool()).await?;
     Ok(())
 }
 
 /// Undoes [`begin_call`] and gives the claim back: the call did not start,
 /// or the provider refused Herald itself (401/403) and executed nothing.
 pub async fn release_untouched(db: &Db, claimed: &Claimed) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE notification_intents SET attempts = $1, first_attempt_at_ms = $2, call_started_at_ms = NULL, \
-         claim_owner = NULL, claim_token = NULL, claim_expires_at_ms = NULL \
-         WHERE idempotency_key = $3 AND claim_token = $4",
-    )
-    .bind(claimed.attempts)
-    .bind(claimed.first_attempt_at_ms)
-    .bind(&claimed.key)
-    .bind(&claimed.token)
-    .execute(db.pool())
-    .await?;
+    let set = "attempts = $1, first_attempt_at_ms = $2, call_started_at_ms = NULL";
+    let statement = INTENT_LEASE.release(&claimed.held(), Some(set), None, 2);
+    statement.query(|q| q.bind(claimed.attempts).bind(claimed.first_attempt_at_ms)).execute(db.pool()).await?;
     Ok(())
 }
 
 /// The database's clock, for rules that compare with times it wrote.
 pub async fn db_now(db: &Db) -> Result<i64, StoreError> {
-    let row = sqlx::query(&format!("SELECT {} AS now_ms", db.now_sql())).fetch_one(db.pool()).await?;
-    Ok(row.try_get("now_ms")?)
+    herald_store::lease::db_now(db).await
 }
 
 /// Intents per status, for reports, reconcile and tests.

@@ -10,11 +10,9 @@
 //! reached within one lease if every call before them takes its full
 //! timeout ([`batch_limit`]).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
+use herald_fault::{Hook, Point};
 use herald_store::{Db, StoreError};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -82,29 +80,6 @@ pub enum DispatchError {
     CredentialsRefused { reason: String },
 }
 
-type Hook = dyn Fn(String) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
-
-impl std::fmt::Debug for AfterResponseHook {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "AfterResponseHook(set)" } else { "AfterResponseHook(none)" })
-    }
-}
-
-/// A hook run after the provider answered and before the answer is recorded
-/// — the window where a crash loses the receipt. For tests and drills.
-#[derive(Clone, Default)]
-pub struct AfterResponseHook(Option<Arc<Hook>>);
-
-impl AfterResponseHook {
-    pub fn new<F, Fut>(hook: F) -> AfterResponseHook
-    where
-        F: Fn(String) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        AfterResponseHook(Some(Arc::new(move |key| Box::pin(hook(key)))))
-    }
-}
-
 /// How one claimed intent ended in this pass.
 enum Step {
     Recorded,
@@ -121,12 +96,12 @@ pub struct Dispatcher {
     db: Db,
     client: ProviderClient,
     config: DispatcherConfig,
-    hook: AfterResponseHook,
+    faults: Hook,
 }
 
 impl Dispatcher {
-    pub fn new(db: Db, client: ProviderClient, config: DispatcherConfig, hook: AfterResponseHook) -> Dispatcher {
-        Dispatcher { db, client, config, hook }
+    pub fn new(db: Db, client: ProviderClient, config: DispatcherConfig, faults: Hook) -> Dispatcher {
+        Dispatcher { db, client, config, faults }
     }
 
     fn lease_ms(&self) -> i64 {
@@ -209,9 +184,8 @@ impl Dispatcher {
             outcome = self.client.send(&claimed.key, &claimed.body) => outcome,
             _ = shutdown.cancelled() => return Ok(Step::Cancelled),
         };
-        if let Some(hook) = &self.hook.0 {
-            hook(claimed.key.clone()).await;
-        }
+        // The window where a crash loses the provider's receipt (tests, drills).
+        let _ = self.faults.at(Point::AfterProviderResponse, &claimed.key, 0).await;
         let after = AttemptFacts {
             attempts: start.attempts,
             first_attempt_at_ms: start.first_attempt_at_ms,

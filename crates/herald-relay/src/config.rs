@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use crate::Probes;
+use herald_fault::Hook;
 
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
@@ -30,8 +30,10 @@ pub struct RelayConfig {
     /// `topic.metadata.propagation.max.ms`). The delivery promises
     /// (`enable.idempotence`, `acks`) are not meant to be changed here.
     pub producer: Vec<(String, String)>,
-    /// Fault-injection points (tests).
-    pub probes: Probes,
+    /// Fault injection (tests): [`herald_fault::Point::BeforeProgress`], with
+    /// the slice and the batch's row count, after the broker acknowledged a
+    /// batch and before its progress write.
+    pub faults: Hook,
 }
 
 impl Default for RelayConfig {
@@ -48,7 +50,7 @@ impl Default for RelayConfig {
             drain: Duration::from_secs(10),
             owner: default_owner(),
             producer: Vec::new(),
-            probes: Probes::default(),
+            faults: Hook::none(),
         }
     }
 }

@@ -14,13 +14,16 @@
 //! - `slice`: one claimed slice — read, publish, settle, record (fenced).
 //! - `publish`: the producer and its settings; `error`: what failed and how
 //!   it is handled (retryable or permanent).
-//! - `wake`: PostgreSQL LISTEN/NOTIFY; `probe`: fault-injection points.
-//!
-//! Claims, cursors and the fence are SQL, in `herald_store::relay`.
+//! - `wake`: PostgreSQL LISTEN/NOTIFY. Fault injection: `RelayConfig::faults`
+//!   (a [`herald_fault::Hook`]) at `before-progress`.
+//! - [`claims`]: the relay's tables — slice claims (on the store's lease
+//!   primitive), membership, the fenced progress write; `cursor`: where a
+//!   slice's reading stands and the read forward from it.
 
+pub mod claims;
 mod config;
+mod cursor;
 mod error;
-mod probe;
 mod publish;
 mod relay;
 mod slice;
@@ -29,7 +32,6 @@ mod wake;
 
 pub use config::RelayConfig;
 pub use error::{Class, PublishError, RelayError, classify};
-pub use probe::{NoProbe, Probe, ProbeAction, Probes};
 pub use publish::producer_config;
 pub use relay::Relay;
 pub use stats::RelayStats;

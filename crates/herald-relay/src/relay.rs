@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use herald_kafka::KafkaConfig;
 use herald_store::Db;
-use herald_store::relay::{self as store, SLICES};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::claims::{self as store, Claim, SLICES};
 use crate::publish::Publisher;
 use crate::slice::{self, End};
 use crate::{RelayConfig, RelayError, RelayStats, wake};
@@ -31,7 +31,7 @@ pub struct Relay {
 
 /// A slice this relay holds.
 struct Held {
-    token: String,
+    claim: Claim,
     stop: CancellationToken,
 }
 
@@ -66,7 +66,7 @@ impl Relay {
                     match joined {
                         Ok((slice, token, end)) => {
                             // Only if it is still this claim: the slice may have been claimed anew.
-                            if held.get(&slice).is_some_and(|h| h.token == token) {
+                            if held.get(&slice).is_some_and(|h| h.claim.token == token) {
                                 held.remove(&slice);
                             }
                             if end == End::Lost {
@@ -93,10 +93,10 @@ impl Relay {
     /// gives back slices so that each live relay holds about its share.
     async fn maintain(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, String, End)>) {
         let (db, config) = (&self.shared.db, &self.shared.config);
-        let tokens: Vec<String> = held.values().map(|h| h.token.clone()).collect();
-        match store::renew(db, &tokens, config.lease_ms()).await {
+        let claims: Vec<Claim> = held.values().map(|h| h.claim.clone()).collect();
+        match store::renew(db, &claims, config.lease_ms()).await {
             Ok(kept) => {
-                for h in held.values().filter(|h| !kept.contains(&h.token)) {
+                for h in held.values().filter(|h| !kept.contains(&h.claim.token)) {
                     h.stop.cancel();
                 }
             }
@@ -126,7 +126,7 @@ impl Relay {
                     info!(slice = claim.slice, attempt = claim.attempt_count, "slice claimed");
                     RelayStats::add(&self.shared.stats.claims, 1);
                     let stop = CancellationToken::new();
-                    let fresh = Held { token: claim.token.clone(), stop: stop.clone() };
+                    let fresh = Held { claim: claim.clone(), stop: stop.clone() };
                     if let Some(old) = held.insert(claim.slice, fresh) {
                         // An earlier claim of ours expired and its task still drains.
                         old.stop.cancel();

@@ -11,15 +11,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use herald_fault::{Action, Point};
 use herald_store::outbox::{self, OutboxRow};
-use herald_store::relay::{self as store, Claim, Cursor, Fence, Setback};
 use herald_store::{Backend, now_ms};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
 use crate::relay::Shared;
-use crate::{Class, ProbeAction, PublishError, RelayStats};
+use crate::{Class, PublishError, RelayStats};
 
 /// How a slice task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +42,7 @@ pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationTok
     };
     let end = worker.work(&stop).await;
     if end == End::Released {
-        if let Err(e) = store::release(&worker.shared.db, &worker.claim.token).await {
+        if let Err(e) = store::release(&worker.shared.db, &worker.claim).await {
             // The lease then simply expires; another relay waits that long.
             warn!(slice = worker.claim.slice, error = %e, "could not release the claim");
         }
@@ -110,9 +111,9 @@ impl Worker {
         self.shared.publisher.check_fatal(&verdicts);
         let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
         let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
-        let probe = config.probes.0.before_progress(self.claim.slice, rows.len()).await;
-        if probe == ProbeAction::LoseAck {
-            warn!(slice = self.claim.slice, "probe: acknowledgement lost before progress was recorded");
+        let rows_n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        if let Action::LoseAck | Action::Fail(_) = config.faults.at(Point::BeforeProgress, &self.claim.slice.to_string(), rows_n).await {
+            warn!(slice = self.claim.slice, "fault: acknowledgement lost before progress was recorded");
             return self.unrecorded();
         }
         let started = Instant::now();

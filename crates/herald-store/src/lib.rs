@@ -13,10 +13,10 @@ pub mod dead_letter;
 mod error;
 pub mod generations;
 pub mod inbox;
+pub mod lease;
 pub mod outbox;
 pub mod parked;
 pub mod positions;
-pub mod relay;
 pub mod start_positions;
 
 pub use db::{Backend, Db, now_ms};

@@ -2,14 +2,17 @@
 //! and marked by the relay only after the broker acknowledged them.
 //!
 //! A row's `status` says what became of it; who may act on it is a separate
-//! matter, decided by the claim on its slice (see [`crate::relay`]).
+//! matter, decided by the claim on its slice (the relay's, in `herald-relay`,
+//! on the lease primitive of [`crate::lease`]). The relay's status writes are
+//! here, with the rest of the outbox's SQL, and run inside its fenced
+//! progress transaction.
 
 use chrono::{DateTime, Utc};
 use herald_envelope::OutboxEvent;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::{Db, StoreError, Tx, now_ms};
+use crate::{Backend, Db, StoreError, Tx, now_ms};
 
 /// Row states. `pending` rows are what the relay still owes the broker.
 pub const PENDING: &str = "pending";
@@ -26,6 +29,22 @@ pub const FAILED: &str = "failed";
 pub const DEAD_LETTERED: &str = "dead_lettered";
 /// Every status, for validating operator input.
 pub const STATUSES: [&str; 5] = [PENDING, DELIVERED, RETRYABLE_FAILED, FAILED, DEAD_LETTERED];
+
+/// Number of slices. Fixed: a row's slice is computed when it is written,
+/// so changing this reorders keys in flight (drain the relays first).
+pub const SLICES: i32 = 16;
+
+/// The slice of a partition key: FNV-1a, stable across processes, versions
+/// and platforms (unlike `std`'s hasher, which is seeded). Every row of a
+/// key is in one slice, so the relay holding that slice alone orders them.
+pub fn slice_of(partition_key: &str) -> i32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in partition_key.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % SLICES as u64) as i32
+}
 
 /// A committed outbox row as the relay sees it.
 #[derive(Debug, Clone)]
@@ -62,7 +81,7 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQue
         .bind(&event.partition_key)
         .bind(PENDING)
         .bind(now)
-        .bind(crate::relay::slice_of(&event.partition_key))
+        .bind(slice_of(&event.partition_key))
 }
 
 /// Appends `event` inside the caller's transaction; returns its sequence.
@@ -73,10 +92,10 @@ pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreEr
 }
 
 /// Columns [`row_to_outbox`] reads.
-pub(crate) const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
+pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
      subject, event_time_ms, schema_file, data, topic, partition_key";
 
-pub(crate) fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
+pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
     let time_ms: i64 = row.try_get("event_time_ms")?;
     Ok(OutboxRow {
         seq: row.try_get("seq")?,
@@ -95,6 +114,65 @@ pub(crate) fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
             partition_key: row.try_get("partition_key")?,
         },
     })
+}
+
+/// What became of a row that was not delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setback {
+    pub seq: i64,
+    /// [`RETRYABLE_FAILED`], [`FAILED`] or [`DEAD_LETTERED`].
+    pub status: &'static str,
+    pub error: String,
+    /// For a retryable failure: not before this time.
+    pub next_attempt_at_ms: Option<i64>,
+}
+
+/// Marks rows delivered, inside the relay's fenced progress transaction:
+/// call only with rows whose delivery report succeeded. By primary key, and
+/// no indexed column changes: HOT updates, no index churn. PostgreSQL gets
+/// the keys as one array literal (one parameter, one cached statement,
+/// whatever the batch size); SQLite a list of parameters.
+pub async fn mark_delivered(db: &Db, tx: &mut Tx<'_>, seqs: &[i64]) -> Result<(), StoreError> {
+    let now = db.now_sql();
+    let set = format!("UPDATE outbox SET status = $1, delivered_at_ms = {now}, attempts = attempts + 1, next_attempt_at_ms = NULL");
+    if seqs.is_empty() {
+        return Ok(());
+    }
+    if db.backend() == Backend::Postgres {
+        let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        sqlx::query(&format!("{set} WHERE seq = ANY(CAST($2 AS TEXT)::BIGINT[])"))
+            .bind(DELIVERED)
+            .bind(format!("{{{list}}}"))
+            .execute(&mut **tx)
+            .await?;
+        return Ok(());
+    }
+    for chunk in seqs.chunks(1000) {
+        let sql = format!("{set} WHERE seq IN ({})", placeholders(2, chunk.len()));
+        let mut query = sqlx::query(&sql).bind(DELIVERED);
+        for seq in chunk {
+            query = query.bind(*seq);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Records setbacks, inside the relay's fenced progress transaction.
+pub async fn set_back(tx: &mut Tx<'_>, setbacks: &[Setback]) -> Result<(), StoreError> {
+    for setback in setbacks {
+        sqlx::query(
+            "UPDATE outbox SET status = $1, attempts = attempts + 1, last_error = $2, \
+             next_attempt_at_ms = $3 WHERE seq = $4",
+        )
+        .bind(setback.status)
+        .bind(&setback.error)
+        .bind(setback.next_attempt_at_ms)
+        .bind(setback.seq)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Rows per status, for reports and tests.
@@ -250,6 +328,20 @@ pub fn statement_chunks<T>(items: &[T]) -> Vec<&[T]> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_are_stable_and_spread() {
+        // Pinned values: a change here reorders every deployed outbox.
+        assert_eq!(slice_of(""), (0xcbf2_9ce4_8422_2325u64 % 16) as i32);
+        let mut seen = [0usize; SLICES as usize];
+        for i in 0..1600 {
+            seen[slice_of(&format!("key-{i}")) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
+        assert_eq!(slice_of("job-42"), slice_of("job-42"));
+    }
+
     #[test]
     fn statement_chunks_use_few_sizes_and_keep_order() {
         let items: Vec<usize> = (0..2987).collect();

@@ -4,11 +4,11 @@
 //! it did when it stops (SIGINT/SIGTERM).
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use herald_consumer::{AfterCommit, Metrics, Options, Order};
+use herald_consumer::{Metrics, Options, Order};
+use herald_fault::Spec;
 use herald_kafka::{KafkaConfig, Topics};
 use herald_store::Db;
 use serde_json::json;
@@ -40,28 +40,11 @@ pub struct ConsumeArgs {
     /// search, stats and notify, which do not depend on a key's order).
     #[arg(long)]
     pub order: Option<Order>,
-    /// Fault injection for crash tests: `pause-after-commit:N` stops forever
-    /// after the N-th batch committed and before its offsets are stored.
-    #[arg(long, env = "HERALD_FAULT", hide = true, value_parser = parse_fault)]
-    pub fault: Option<u64>,
-}
-
-fn parse_fault(spec: &str) -> Result<u64, String> {
-    spec.strip_prefix("pause-after-commit:")
-        .and_then(|n| n.parse().ok())
-        .filter(|n| *n > 0)
-        .ok_or_else(|| format!("`{spec}`: expected pause-after-commit:N with N ≥ 1"))
-}
-
-fn pause_after_commit(at: u64) -> AfterCommit {
-    Arc::new(move |batch| {
-        Box::pin(async move {
-            if batch == at {
-                eprintln!("herald-fault: paused after commit of batch {batch}");
-                std::future::pending::<()>().await;
-            }
-        })
-    })
+    /// Fault injection for crash tests (`herald_fault::Spec`): e.g.
+    /// `pause-after-commit:N` stops forever after the N-th batch committed
+    /// and before its offsets are stored.
+    #[arg(long, env = "HERALD_FAULT", hide = true, value_parser = Spec::parse)]
+    pub fault: Option<Spec>,
 }
 
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
@@ -90,7 +73,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let options = Options {
         max_batch: args.max_batch as usize,
         order: args.order,
-        after_commit: args.fault.map(pause_after_commit),
+        faults: args.fault.clone().map(Spec::hook).unwrap_or_default(),
         ..Options::default()
     };
     let sub = args.subscription.subscription(&args.backends.group_prefix, &kafka, &topics.events);

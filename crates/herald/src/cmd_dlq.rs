@@ -273,5 +273,5 @@ fn export_worker(db: &Db, artifacts: &str, args: &WorkerArgs) -> anyhow::Result<
     let store = ArtifactStore::from_location(artifacts).with_context(|| format!("artifact store {artifacts}"))?;
     let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let options = args.lifecycle.options()?;
-    Ok(ExportWorker::new(db.clone(), topics, store, options.policy, options.faults))
+    Ok(ExportWorker::new(db.clone(), topics, store, options.policy, herald_fault::from_env()?))
 }

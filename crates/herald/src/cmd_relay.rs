@@ -57,7 +57,8 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
             warn!(error = %e, "could not make sure Herald's topics exist");
         }
     });
-    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, ..RelayConfig::default() }
+    let faults = herald_fault::from_env()?;
+    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, faults, ..RelayConfig::default() }
         .with_lease(Duration::from_millis(args.lease_ms));
     if let Some(owner) = args.owner {
         config.owner = owner;

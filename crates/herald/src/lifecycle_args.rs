@@ -1,11 +1,10 @@
-//! Flags of the job lifecycle shared by `serve` and `worker`, and the
-//! `HERALD_FAULT` hook used by crash drills.
+//! Flags of the job lifecycle shared by `serve` and `worker`.
 
 use std::time::Duration;
 
 use clap::Args;
 use herald_export::LeasePolicy;
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
+use herald_fault::Hook;
 
 use crate::pipeline::Options;
 
@@ -41,39 +40,12 @@ impl LifecycleArgs {
                 ..LeasePolicy::default()
             },
             quota: self.quota,
-            faults: faults_from_env()?,
+            // `HERALD_FAULT` is read once per process, by whoever starts its roles.
+            faults: Hook::none(),
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
             dispatch: None,
             notify_start_at: None,
         })
     }
-}
-
-/// `HERALD_FAULT=hang:<point>` makes every attempt stop forever at `<point>`
-/// after printing `herald-fault: hang at <point> job=<id> generation=<n>` on
-/// stdout — how a drill or a test knows the exact moment to SIGKILL the
-/// process. `HERALD_FAULT=fail:<point>` fails there instead. For drills and
-/// tests only; unset in production.
-pub fn faults_from_env() -> anyhow::Result<Faults> {
-    let Ok(spec) = std::env::var("HERALD_FAULT") else { return Ok(Faults::none()) };
-    let (mode, point) = spec.split_once(':').ok_or_else(|| anyhow::anyhow!("HERALD_FAULT `{spec}` is not mode:point"))?;
-    let point = FaultPoint::parse(point).ok_or_else(|| anyhow::anyhow!("HERALD_FAULT: unknown point `{point}`"))?;
-    let hang = match mode {
-        "hang" => true,
-        "fail" => false,
-        other => anyhow::bail!("HERALD_FAULT: unknown mode `{other}` (hang or fail)"),
-    };
-    Ok(Faults::hook(move |ctx| async move {
-        if ctx.point != point {
-            return FaultAction::Continue;
-        }
-        if !hang {
-            return FaultAction::Fail(format!("HERALD_FAULT at {point}"));
-        }
-        println!("herald-fault: hang at {point} job={} generation={}", ctx.job_id, ctx.generation);
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
-        std::future::pending::<FaultAction>().await
-    }))
 }

@@ -1,7 +1,7 @@
 //! `herald`: one binary, one subcommand per job.
 
 use herald::lifecycle_args::LifecycleArgs;
-use herald::notify_args::{InvalidNotifyArgs, NotifyArgs, hook_from_env};
+use herald::notify_args::{InvalidNotifyArgs, NotifyArgs};
 use herald::pipeline::Roles;
 use herald::{
     bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status,
@@ -132,7 +132,11 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli.command)) {
         Ok(code) => code,
         // An operator's decision, or flags that contradict each other: exit 2 like bad input.
-        Err(e) if e.downcast_ref::<herald::notify_start::Refused>().is_some() || e.downcast_ref::<InvalidNotifyArgs>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<herald::notify_start::Refused>().is_some()
+                || e.downcast_ref::<InvalidNotifyArgs>().is_some()
+                || e.downcast_ref::<herald_fault::SpecError>().is_some() =>
+        {
             eprintln!("error: {e}");
             ExitCode::from(2)
         }
@@ -196,6 +200,8 @@ async fn serve(
 ) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     options.notify_start_at = notify_start_at;
+    // One hook for every role this process runs; a bad spec is bad input.
+    options.faults = herald_fault::from_env()?;
     if let (true, Some(notify)) = (roles.dispatcher, notify) {
         notify.validate()?;
     }
@@ -209,7 +215,7 @@ async fn serve(
             }
         };
         let (client, config) = notify.dispatcher(&url, caps)?;
-        options.dispatch = Some(pipeline::Dispatch { client, config, hook: hook_from_env() });
+        options.dispatch = Some(pipeline::Dispatch { client, config });
     }
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
     if let Some(addr) = running.api_addr {

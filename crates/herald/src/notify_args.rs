@@ -1,12 +1,12 @@
 //! Where the notification provider is and what it can do — configuration,
 //! never discovery, and every capability defaults to the cautious answer —
-//! plus the dispatcher's timings and its crash-drill hook.
+//! plus the dispatcher's timings.
 
 use std::fmt;
 use std::time::Duration;
 
 use clap::Args;
-use herald_notify::dispatcher::{AfterResponseHook, CALL_SLACK, DispatcherConfig};
+use herald_notify::dispatcher::{CALL_SLACK, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 
 #[derive(Debug, Clone, Args)]
@@ -79,22 +79,6 @@ impl NotifyArgs {
         self.validate()?;
         let config = DispatcherConfig { lease: self.notify_lease, ..DispatcherConfig::new(caps) };
         Ok((self.client(url)?, config))
-    }
-}
-
-/// `HERALD_FAULT=hang:after-provider-response`: after the provider answered,
-/// print `herald-fault: hang at after-provider-response key=<key>` and stop
-/// there forever, so a drill can SIGKILL the dispatcher inside the window
-/// where the receipt is not yet recorded. For drills and tests only.
-pub fn hook_from_env() -> AfterResponseHook {
-    match std::env::var("HERALD_FAULT").as_deref() {
-        Ok("hang:after-provider-response") => AfterResponseHook::new(|key| async move {
-            println!("herald-fault: hang at after-provider-response key={key}");
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            std::future::pending::<()>().await;
-        }),
-        _ => AfterResponseHook::default(),
     }
 }
 

@@ -11,11 +11,11 @@ use anyhow::Context;
 use herald_api::{AppState, Tokens};
 use herald_consumer::{Metrics, Options as ConsumerOptions, Subscription};
 use herald_export::artifact::ArtifactStore;
-use herald_export::faults::Faults;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
+use herald_fault::Hook;
 use herald_kafka::{KafkaConfig, Topics};
-use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
 use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_status::{KafkaProbe, Monitor, MonitorConfig};
@@ -67,7 +67,8 @@ pub struct Options {
     pub policy: LeasePolicy,
     /// Unfinished jobs one caller may have.
     pub quota: i64,
-    pub faults: Faults,
+    /// Fault injection at every role's points (`HERALD_FAULT`, tests).
+    pub faults: Hook,
     pub scan_interval: Duration,
     /// Age before an unselectable candidate artifact is removed.
     pub orphan_grace: Duration,
@@ -83,7 +84,6 @@ pub struct Options {
 pub struct Dispatch {
     pub client: ProviderClient,
     pub config: DispatcherConfig,
-    pub hook: AfterResponseHook,
 }
 
 impl Default for Options {
@@ -91,7 +91,7 @@ impl Default for Options {
         Options {
             policy: LeasePolicy::default(),
             quota: 1000,
-            faults: Faults::none(),
+            faults: Hook::none(),
             scan_interval: Duration::from_secs(1),
             orphan_grace: Duration::from_secs(600),
             dispatch: None,
@@ -185,7 +185,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         monitor = Some(figures);
     }
     if roles.relay {
-        let relay = Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig::default())?;
+        let relay =
+            Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig { faults: options.faults.clone(), ..RelayConfig::default() })?;
         if let Some(monitor) = &monitor {
             publish_relay_counters(monitor, relay.stats());
         }
@@ -209,7 +210,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     }
     if roles.dispatcher {
         let dispatch = options.dispatch.clone().context("the dispatcher role needs a notification provider")?;
-        let dispatcher = Dispatcher::new(wiring.db.clone(), dispatch.client, dispatch.config, dispatch.hook);
+        let dispatcher = Dispatcher::new(wiring.db.clone(), dispatch.client, dispatch.config, options.faults.clone());
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
             dispatcher.run(shutdown).await;

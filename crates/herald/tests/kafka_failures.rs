@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use futures::future::BoxFuture;
 use herald_envelope::OutboxEvent;
 use herald_kafka::KafkaConfig;
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::TopicSettings;
-use herald_relay::{Probe, ProbeAction, Probes, Relay, RelayConfig, RelayStats};
+use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_store::{Db, outbox};
 use herald_testkit::kafka::{Record, first_occurrences_by_key, read_all};
 use herald_testkit::wait_until;
@@ -88,7 +88,7 @@ struct RunningRelay {
     task: JoinHandle<()>,
 }
 
-fn start_relay(db: Db, brokers: &str, owner: &str, probes: Probes) -> anyhow::Result<RunningRelay> {
+fn start_relay(db: Db, brokers: &str, owner: &str, faults: Hook) -> anyhow::Result<RunningRelay> {
     let config = RelayConfig {
         owner: owner.to_owned(),
         backoff_base: Duration::from_millis(50),
@@ -96,7 +96,7 @@ fn start_relay(db: Db, brokers: &str, owner: &str, probes: Probes) -> anyhow::Re
         // Enough attempts to outlast a leader election and a 30 s outage:
         // a row the broker could not take for a while is late, not failed.
         max_attempts: 1000,
-        probes,
+        faults,
         ..RelayConfig::default()
     }
     .with_lease(Duration::from_secs(3));
@@ -147,10 +147,7 @@ async fn leader_killed_while_the_relay_publishes_loses_no_acknowledged_event() -
     let topic = private_topic(&brokers, "leader").await?;
     let test_db = herald_testkit::postgres_db().await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
-    let relays = [
-        start_relay(db.clone(), &brokers, "relay-a", Probes::default())?,
-        start_relay(db.clone(), &brokers, "relay-b", Probes::default())?,
-    ];
+    let relays = [start_relay(db.clone(), &brokers, "relay-a", Hook::none())?, start_relay(db.clone(), &brokers, "relay-b", Hook::none())?];
     const EVENTS: usize = 4000;
     let writer = tokio::spawn(write(db.clone(), topic.clone(), Some(EVENTS), CancellationToken::new()));
 
@@ -186,7 +183,7 @@ async fn nodes_restarted_under_a_live_idempotent_producer() -> anyhow::Result<()
     let topic = private_topic(&brokers, "restart").await?;
     let test_db = herald_testkit::postgres_db().await?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
-    let relay = start_relay(db.clone(), &brokers, "relay", Probes::default())?;
+    let relay = start_relay(db.clone(), &brokers, "relay", Hook::none())?;
     let stop_writing = CancellationToken::new();
     let writer = tokio::spawn(write(db.clone(), topic.clone(), None, stop_writing.clone()));
 
@@ -236,17 +233,19 @@ struct ParkOnce {
     release: Notify,
 }
 
-impl Probe for ParkOnce {
-    fn before_progress(&self, _slice: i32, _rows: usize) -> BoxFuture<'_, ProbeAction> {
-        let park = self.armed.swap(false, Ordering::SeqCst);
-        Box::pin(async move {
-            if park {
-                self.parked.notify_one();
-                self.release.notified().await;
+/// The relay's hook that parks at [`ParkOnce`].
+fn park_once(park: Arc<ParkOnce>) -> Hook {
+    Hook::new(move |site| {
+        let park = park.clone();
+        let armed = site.point == Point::BeforeProgress && park.armed.swap(false, Ordering::SeqCst);
+        async move {
+            if armed {
+                park.parked.notify_one();
+                park.release.notified().await;
             }
-            ProbeAction::Continue
-        })
-    }
+            Action::Continue
+        }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -264,12 +263,12 @@ async fn relay_cut_off_from_postgres_past_its_lease_records_nothing() -> anyhow:
 
     let mut committed = write(db.clone(), topic.clone(), Some(200), CancellationToken::new()).await?;
     let park = Arc::new(ParkOnce { armed: AtomicBool::new(true), parked: Notify::new(), release: Notify::new() });
-    let cut_relay = start_relay(cut_db, &brokers, "cut-off", Probes(park.clone()))?;
+    let cut_relay = start_relay(cut_db, &brokers, "cut-off", park_once(park.clone()))?;
     // The cut-off relay has published a batch and the broker acknowledged
     // it; it is about to record that. Now its database goes away.
     park.parked.notified().await;
     proxy.cut();
-    let steady = start_relay(db.clone(), &brokers, "steady", Probes::default())?;
+    let steady = start_relay(db.clone(), &brokers, "steady", Hook::none())?;
     for (key, ids) in write(db.clone(), topic.clone(), Some(200), CancellationToken::new()).await? {
         committed.entry(key).or_default().extend(ids);
     }

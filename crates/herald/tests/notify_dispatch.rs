@@ -8,7 +8,8 @@ mod notify_support;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_fault::Hook;
+use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::Ledger;
 use herald_store::{Db, now_ms};
@@ -268,7 +269,7 @@ fn in_process(db: &Db, url: &str, lease: Duration, timeout: Duration) -> anyhow:
         idle_wait: Duration::from_millis(20),
         ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
     };
-    Ok(Dispatcher::new(db.clone(), client, config, AfterResponseHook::default()))
+    Ok(Dispatcher::new(db.clone(), client, config, Hook::none()))
 }
 
 async fn unpause(url: &str) -> anyhow::Result<()> {

@@ -22,11 +22,11 @@ use std::time::{Duration, Instant};
 use herald::pipeline::{self, Dispatch, Options, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::artifact::ArtifactStore;
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::worker::{ExportWorker, Outcome};
 use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
-use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
-use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_fault::{Action, Hook, Point};
+use herald_kafka::{KafkaConfig, EmbeddedKafka, Topics};
+use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
@@ -36,15 +36,15 @@ use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
 /// Holds the first two arrivals at `BeforeStart` until both are there.
-fn race_point() -> Faults {
+fn race_point() -> Hook {
     let (gate, arrived) = (Gate::new(2), Arc::new(AtomicUsize::new(0)));
-    Faults::hook(move |ctx| {
+    Hook::new(move |site| {
         let (gate, arrived) = (gate.clone(), arrived.clone());
         async move {
-            if ctx.point == FaultPoint::BeforeStart && arrived.fetch_add(1, Ordering::SeqCst) < 2 {
+            if site.point == Point::BeforeStart && arrived.fetch_add(1, Ordering::SeqCst) < 2 {
                 gate.arrive_and_wait().await;
             }
-            FaultAction::Continue
+            Action::Continue
         }
     })
 }
@@ -86,7 +86,7 @@ async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<(
     tokio::spawn(sim::serve(listener, ledger.clone(), unkeyed, FaultSwitches::default(), sim_stop.clone()));
     let dispatch = || -> anyhow::Result<Dispatch> {
         let config = DispatcherConfig { idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(Capabilities::unkeyed()) };
-        Ok(Dispatch { client: ProviderClient::new(&provider, Duration::from_secs(5))?, config, hook: AfterResponseHook::default() })
+        Ok(Dispatch { client: ProviderClient::new(&provider, Duration::from_secs(5))?, config })
     };
 
     let faults = race_point();
@@ -102,7 +102,7 @@ async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<(
     let options = Options { faults: faults.clone(), dispatch: Some(dispatch()?), ..Options::default() };
     let running = pipeline::start_roles(wiring, roles, options).await?;
     let second = dispatch()?;
-    let second_dispatcher = Dispatcher::new(db.clone(), second.client, second.config, second.hook);
+    let second_dispatcher = Dispatcher::new(db.clone(), second.client, second.config, Hook::none());
     let stop_second = CancellationToken::new();
     let second_run = tokio::spawn({
         let stop = stop_second.clone();

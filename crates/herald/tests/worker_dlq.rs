@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use herald::bench::workload;
 use herald::pipeline::{self, Options, Roles, Running, Wiring};
 use herald_api::Tokens;
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
-use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
+use herald_fault::{Action, Hook, Point};
+use herald_kafka::{KafkaConfig, EmbeddedKafka, Topics};
 use herald_store::{Db, dead_letter};
 use herald_testkit::{TestDb, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -71,7 +71,7 @@ impl Bed {
         }
     }
 
-    async fn start(&self, db: &Db, relay: bool, worker: bool, faults: Faults) -> anyhow::Result<Running> {
+    async fn start(&self, db: &Db, relay: bool, worker: bool, faults: Hook) -> anyhow::Result<Running> {
         let roles = Roles { api: None, relay, worker, subscriptions: false, dispatcher: false };
         pipeline::start_roles(self.wiring(db), roles, Options { faults, ..Options::default() }).await
     }
@@ -172,7 +172,7 @@ async fn dead(db: &Db) -> anyhow::Result<i64> {
 async fn poison_commands_are_dead_lettered_and_redriven(test_db: TestDb) -> anyhow::Result<()> {
     let bed = bed(test_db).await?;
     bed.refuse_poison().await?;
-    let running = bed.start(&bed.db, true, true, Faults::none()).await?;
+    let running = bed.start(&bed.db, true, true, Hook::none()).await?;
     let consumed = async {
         workload::publish_raw(
             &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
@@ -265,7 +265,7 @@ async fn poison_commands_are_dead_lettered_and_redriven_sqlite() -> anyhow::Resu
 #[tokio::test(flavor = "multi_thread")]
 async fn redriving_a_worker_letter_without_the_artifact_store_exits_2() -> anyhow::Result<()> {
     let bed = bed(herald_testkit::sqlite_db()?).await?;
-    let running = bed.start(&bed.db, false, true, Faults::none()).await?;
+    let running = bed.start(&bed.db, false, true, Hook::none()).await?;
     let parked = async {
         workload::publish_raw(
             &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
@@ -294,16 +294,16 @@ async fn redriving_a_worker_letter_without_the_artifact_store_exits_2() -> anyho
 // --- retryable: the worker pauses on the record, nothing is dead-lettered -------
 
 /// Counts the worker's tries to start a job, failing the first `fail` of them.
-fn counting(fail: usize) -> (Faults, Arc<AtomicUsize>) {
+fn counting(fail: usize) -> (Hook, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = calls.clone();
-    let faults = Faults::hook(move |ctx| {
-        let n = if ctx.point == FaultPoint::BeforeStart { seen.fetch_add(1, Ordering::SeqCst) + 1 } else { 0 };
+    let faults = Hook::new(move |site| {
+        let n = if site.point == Point::BeforeStart { seen.fetch_add(1, Ordering::SeqCst) + 1 } else { 0 };
         async move {
             match n {
-                0 => FaultAction::Continue,
-                n if n <= fail => FaultAction::Fail(format!("infrastructure down (try {n})")),
-                _ => FaultAction::Continue,
+                0 => Action::Continue,
+                n if n <= fail => Action::Fail(format!("infrastructure down (try {n})")),
+                _ => Action::Continue,
             }
         }
     });
@@ -353,7 +353,7 @@ async fn database_cut_off_pauses_the_worker_without_dead_letter_postgres() -> an
     url.set_port(Some(proxy.addr().port())).map_err(|()| anyhow::anyhow!("url without port"))?;
     let worker_db = Db::connect(url.as_str()).await?;
 
-    let relay = bed.start(&bed.db, true, false, Faults::none()).await?;
+    let relay = bed.start(&bed.db, true, false, Hook::none()).await?;
     let (faults, calls) = counting(0);
     let worker = bed.start(&worker_db, false, true, faults).await?;
     let done = async {

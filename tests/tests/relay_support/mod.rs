@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use herald_envelope::OutboxEvent;
+use herald_fault::Hook;
 use herald_kafka::EmbeddedKafka;
 use herald_kafka::KafkaConfig;
 pub use herald_relay::RelayConfig;
-use herald_relay::{Probes, Relay, RelayStats};
+use herald_relay::{Relay, RelayStats};
 use herald_store::{Db, outbox};
 use herald_testkit::TestDb;
 use herald_testkit::kafka::{self, Record};
@@ -49,8 +50,8 @@ pub fn config(owner: &str) -> RelayConfig {
     }
 }
 
-pub fn with_probe(config: RelayConfig, probe: impl herald_relay::Probe + 'static) -> RelayConfig {
-    RelayConfig { probes: Probes(std::sync::Arc::new(probe)), ..config }
+pub fn with_faults(config: RelayConfig, faults: Hook) -> RelayConfig {
+    RelayConfig { faults, ..config }
 }
 
 pub struct Running {

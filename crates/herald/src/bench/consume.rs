@@ -231,7 +231,7 @@ pub(super) async fn timed_search_subscription(
     let done = CancellationToken::new();
     let hook = {
         let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
-        Arc::new(move |_batch: u64| {
+        herald_fault::Hook::new(move |_site| {
             let applied = metrics.snapshot().applied;
             let now = Instant::now();
             let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
@@ -240,10 +240,10 @@ pub(super) async fn timed_search_subscription(
             if applied >= n as u64 {
                 done.cancel();
             }
-            Box::pin(async {}) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+            async { herald_fault::Action::Continue }
         })
     };
-    let options = Options { after_commit: Some(hook), ..options };
+    let options = Options { faults: hook, ..options };
     let handler = crate::subscriptions::live(Search, sub);
     let running = herald_consumer::run_subscription(sub, db, &handler, &options, &metrics, done);
     tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;

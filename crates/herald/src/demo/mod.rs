@@ -17,7 +17,7 @@ use serde_json::json;
 use crate::config::Backends;
 use herald_export::LeasePolicy;
 
-use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
+use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::ProviderClient;
 use herald_notify::rules::RetryPolicy;
 use herald_notify::sim::FaultSwitches;
@@ -73,7 +73,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let options = Options {
         policy: LeasePolicy { lease: Duration::from_secs(1), ..LeasePolicy::default() },
         scan_interval: Duration::from_millis(200),
-        dispatch: Some(Dispatch { client: notify_client, config: notify_config, hook: AfterResponseHook::default() }),
+        dispatch: Some(Dispatch { client: notify_client, config: notify_config }),
         ..Options::default()
     };
     let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, subscriptions: true, dispatcher: true };

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use herald_export::faults::{FaultAction, FaultPoint, Faults};
 use herald_export::jobs;
+use herald_fault::{Action, Hook, Point};
 use herald_store::Db;
 use sqlx::Row;
 use tokio::sync::mpsc;
@@ -22,20 +22,20 @@ pub struct Hung {
 }
 
 /// Hooks for `workers` workers: exactly one attempt in total hangs.
-pub fn hang_first_attempt(workers: usize) -> (Vec<Faults>, mpsc::UnboundedReceiver<Hung>) {
+pub fn hang_first_attempt(workers: usize) -> (Vec<Hook>, mpsc::UnboundedReceiver<Hung>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let taken = Arc::new(AtomicBool::new(false));
     let hooks = (0..workers)
         .map(|worker| {
             let (tx, taken) = (tx.clone(), taken.clone());
-            Faults::hook(move |ctx| {
+            Hook::new(move |site| {
                 let (tx, taken) = (tx.clone(), taken.clone());
                 async move {
-                    if ctx.point == FaultPoint::ArtifactWritten && !taken.swap(true, Ordering::SeqCst) {
-                        let _ = tx.send(Hung { worker, job_id: ctx.job_id });
+                    if site.point == Point::ArtifactWritten && !taken.swap(true, Ordering::SeqCst) {
+                        let _ = tx.send(Hung { worker, job_id: site.subject });
                         return std::future::pending().await;
                     }
-                    FaultAction::Continue
+                    Action::Continue
                 }
             })
         })

@@ -10,7 +10,7 @@ use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
-use herald_notify::dispatcher::{AfterResponseHook, DispatcherConfig};
+use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
@@ -133,7 +133,6 @@ impl Pipeline {
                 idle_wait: Duration::from_millis(50),
                 ..DispatcherConfig::new(Capabilities::keyed(Duration::from_secs(3600)))
             },
-            hook: AfterResponseHook::default(),
         };
         let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };
         let running = pipeline::start_roles(wiring, roles, Options { dispatch: Some(dispatch), ..Options::default() }).await?;

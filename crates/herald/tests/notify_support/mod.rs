@@ -15,7 +15,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
+use herald_fault::Hook;
+use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{Applied, Ledger};
 use herald_store::Db;
@@ -140,7 +141,7 @@ pub async fn make_due(db: &Db, key: &str) -> anyhow::Result<()> {
 pub fn dispatcher(db: &Db, url: &str, caps: Capabilities, lease: Duration, timeout: Duration, batch: i64) -> anyhow::Result<Dispatcher> {
     let client = ProviderClient::new(url, timeout)?;
     let config = DispatcherConfig { lease, batch, idle_wait: Duration::from_millis(20), ..DispatcherConfig::new(caps) };
-    Ok(Dispatcher::new(db.clone(), client, config, AfterResponseHook::default()))
+    Ok(Dispatcher::new(db.clone(), client, config, Hook::none()))
 }
 
 /// A canned answer.

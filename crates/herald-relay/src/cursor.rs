@@ -1,0 +1,92 @@
+//! Where a slice's reading stands, and the read forward from there.
+//!
+//! Reading forward must not skip a row whose transaction commits late. On
+//! PostgreSQL the cursor is a pair of snapshots: rows visible in `hi` but not
+//! in `lo` are exactly the rows committed between the two, whatever their
+//! sequence numbers, and a row committing after `hi` falls into a later step.
+//! Within a step rows go in (transaction id, sequence) order — one range scan
+//! of the `(slice, xid, seq)` index from the cursor. On SQLite the single
+//! writer commits in sequence order, so the sequence alone is the cursor.
+
+use herald_store::outbox::{self, OutboxRow, ROW_COLUMNS};
+use herald_store::{Backend, Db, StoreError};
+use sqlx::Row;
+
+/// Where a slice's reading stands. See the module docs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    /// PostgreSQL snapshot every row of which is done.
+    pub lo: String,
+    /// Snapshot being worked through; `None` until the next read takes one.
+    pub hi: Option<String>,
+    /// Within `(lo, hi]`: rows up to (`xid`, `seq`) are done (PostgreSQL).
+    pub xid: i64,
+    /// On SQLite, the whole cursor: rows up to here are done.
+    pub seq: i64,
+}
+
+impl Cursor {
+    /// The cursor after the rows up to `done` (`(xid, seq)` of the last row
+    /// done, if any) are done. `step_done` says the read returned everything
+    /// left between `lo` and `hi`.
+    pub fn after(&self, done: Option<(i64, i64)>, step_done: bool) -> Cursor {
+        match (&self.hi, step_done, done) {
+            (Some(hi), true, _) => Cursor { lo: hi.clone(), hi: None, xid: 0, seq: 0 },
+            (_, _, Some((xid, seq))) => Cursor { xid, seq, ..self.clone() },
+            (_, _, None) => self.clone(),
+        }
+    }
+}
+
+/// Reads up to `limit` rows of `slice` after `cursor`, in order. On
+/// PostgreSQL a cursor without `hi` first gets the current snapshot as `hi`
+/// (returned in the updated cursor).
+pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(Vec<OutboxRow>, Cursor), StoreError> {
+    let live = format!("status IN ('{}', '{}')", outbox::PENDING, outbox::RETRYABLE_FAILED);
+    if db.backend() == Backend::Sqlite {
+        let sql = format!("SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 AND seq > $2 AND {live} ORDER BY seq LIMIT $3");
+        let rows = sqlx::query(&sql).bind(slice).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
+        return Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor.clone()));
+    }
+    let mut cursor = cursor.clone();
+    let hi = match &cursor.hi {
+        Some(hi) => hi.clone(),
+        None => {
+            let row = sqlx::query("SELECT CAST(pg_current_snapshot() AS TEXT) AS hi").fetch_one(db.pool()).await?;
+            let hi: String = row.try_get("hi")?;
+            cursor = Cursor { lo: cursor.lo, hi: Some(hi.clone()), xid: 0, seq: 0 };
+            hi
+        }
+    };
+    // The xid range and the (xid, seq) position are one range scan of the
+    // (slice, xid, seq) index, in order; the two visibility tests make the
+    // step exact.
+    let sql = format!(
+        "SELECT {ROW_COLUMNS}, CAST(CAST(xid AS TEXT) AS BIGINT) AS row_xid FROM outbox WHERE slice = $1 \
+         AND xid >= pg_snapshot_xmin(CAST($2 AS TEXT)::pg_snapshot) \
+         AND (xid, seq) > (CAST(CAST($4 AS TEXT) AS xid8), $5) \
+         AND xid < pg_snapshot_xmax(CAST($3 AS TEXT)::pg_snapshot) \
+         AND NOT pg_visible_in_snapshot(xid, CAST($2 AS TEXT)::pg_snapshot) \
+         AND pg_visible_in_snapshot(xid, CAST($3 AS TEXT)::pg_snapshot) \
+         AND {live} ORDER BY xid, seq LIMIT $6"
+    );
+    let rows =
+        sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
+    Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_moves_to_the_next_step_only_when_one_is_done() {
+        let c = Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 6, seq: 10 };
+        assert_eq!(c.after(Some((8, 20)), false), Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 8, seq: 20 });
+        assert_eq!(c.after(None, false), c, "nothing done, nothing moves");
+        assert_eq!(c.after(Some((8, 20)), true), Cursor { lo: "5:9:7".into(), hi: None, xid: 0, seq: 0 });
+        // SQLite: no snapshots, the sequence is the cursor.
+        let s = Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 10 };
+        assert_eq!(s.after(Some((0, 20)), true), Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 20 });
+    }
+}
