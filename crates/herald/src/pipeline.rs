@@ -185,8 +185,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         monitor = Some(figures);
     }
     if roles.relay {
-        let relay =
-            Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig { faults: options.faults.clone(), ..RelayConfig::default() })?;
+        let relay = Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig { faults: options.faults.clone(), ..RelayConfig::default() })?;
         if let Some(monitor) = &monitor {
             publish_relay_counters(monitor, relay.stats());
         }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use herald_envelope::OutboxEvent;
-use herald_kafka::KafkaConfig;
 use herald_fault::{Action, Hook, Point};
+use herald_kafka::KafkaConfig;
 use herald_kafka::TopicSettings;
 use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_store::{Db, outbox};

@@ -25,7 +25,7 @@ use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{ExportWorker, Outcome};
 use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
 use herald_fault::{Action, Hook, Point};
-use herald_kafka::{KafkaConfig, EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};

@@ -18,7 +18,7 @@ use herald::pipeline::{self, Options, Roles, Running, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_fault::{Action, Hook, Point};
-use herald_kafka::{KafkaConfig, EmbeddedKafka, Topics};
+use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Db, dead_letter};
 use herald_testkit::{TestDb, unique};
 use rdkafka::consumer::{BaseConsumer, Consumer};
