@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::Ledger;
+use herald_proof::sim::Ledger;
 use herald_store::{Db, now_ms};
 use herald_testkit::TestDb;
 use serde_json::Value;

@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use herald_notify::dispatcher::{AfterResponseHook, Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{Applied, Ledger};
+use herald_proof::sim::{Applied, Ledger};
 use herald_store::Db;
 use herald_testkit::TestDb;
 use sqlx::Row;
