@@ -14,7 +14,7 @@ use common::{ALICE, Broker, Database, export_body};
 use herald::pipeline::{self, Dispatch, Options, Roles};
 use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
+use herald_proof::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_rebuild::replay::ReplayProgress;
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, generations, rebuild, verify};
 use serde_json::Value;

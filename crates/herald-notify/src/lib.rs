@@ -10,7 +10,8 @@
 //! - [`dispatcher`]: claims due intents, calls the provider, records evidence.
 //! - [`reconcile`]: asks a queryable provider, records an operator's decision
 //!   or redrive.
-//! - [`sim`]: the reference receiver with a durable ledger and fault switches.
+//! - [`start`]: where the notify subscription starts when its group has no
+//!   position; it refuses to start from history unless told where.
 //!
 //! Deduplicated: the provider effect, by the intent's idempotency key, at a
 //! provider that honours it and only while it retains the key. Open window:
@@ -26,4 +27,4 @@ pub mod intents;
 pub mod provider;
 pub mod reconcile;
 pub mod rules;
-pub mod sim;
+pub mod start;

@@ -14,9 +14,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use herald_consumer::Subscription;
 use herald_store::{Db, StoreError, Tx, now_ms};
 use serde::Serialize;
 use sqlx::Row;
+
+use crate::RebuildError;
 
 /// Records retention removed that the active generation was built from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -87,6 +90,19 @@ pub async fn record(tx: &mut Tx<'_>, projection: &str, generation: i64, topic: &
         .bind(now)
         .execute(&mut **tx)
         .await?;
+    }
+    Ok(())
+}
+
+/// A projection's live subscription `sub` is about to join its group: where
+/// the group has no committed offset it starts at the earliest retained
+/// record, the first one its generations need. Recorded per partition
+/// before it starts (see [`record_live_start`]).
+pub async fn record_group_start(db: &Db, sub: &Subscription) -> Result<(), RebuildError> {
+    for topic in &sub.topics {
+        let states = herald_kafka::offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
+        let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
+        record_live_start(db, &sub.name, topic, &starts).await?;
     }
     Ok(())
 }

@@ -68,3 +68,18 @@ fn the_projection_engine_does_not_depend_on_notification_code() {
     }
     assert!(closure(&members, "herald-rebuild").contains("herald-consumer"), "the rebuild runs on the engine");
 }
+
+/// The product never depends on its proof: demo, drill, benchmarks and the
+/// provider simulator (herald-proof) are reached from the binary alone, so
+/// no role's code can call into them (herald-wiring, which the demo starts,
+/// included).
+#[test]
+fn no_product_crate_depends_on_the_proof() {
+    let members = workspace();
+    for name in members.keys().filter(|name| !["herald", "herald-proof"].contains(&name.as_str())) {
+        let reach = closure(&members, name);
+        assert!(!reach.contains("herald-proof"), "{name} must not reach herald-proof: {reach:?}");
+    }
+    assert!(members.contains_key("herald-wiring") && members.contains_key("herald-notify"), "the walk sees the product crates");
+    assert!(closure(&members, "herald").contains("herald-proof"), "the walk would see it if it were there");
+}

@@ -9,6 +9,8 @@
 //!
 //! - [`figures`]: the figures as plain data, and the percentile rule (no IO).
 //! - [`queries`]: the database side (sqlx, one SQL path for PostgreSQL and SQLite).
+//! - [`counts`]: whole-table counts `herald demo` checks and `herald drill`
+//!   drains by, read the same way.
 //! - [`lag`]: the broker side (rdkafka): end offsets minus committed offsets.
 //! - [`durability`]: each topic's replication and settings, and the rule
 //!   naming the settings that can lose acknowledged events (no IO);
@@ -17,6 +19,7 @@
 //! - [`monitor`]: a refresh loop for long-running processes, with a ring
 //!   buffer of recent samples and the Prometheus registry.
 
+pub mod counts;
 pub mod durability;
 mod error;
 pub mod figures;

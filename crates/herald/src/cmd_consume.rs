@@ -31,8 +31,8 @@ pub struct ConsumeArgs {
     /// notify only: where to start when the group has no committed offset and
     /// the topic holds history — `latest` or an RFC 3339 time. Without it,
     /// such a start is refused (exit 2) rather than notifying old events.
-    #[arg(long, value_parser = crate::notify_start::parse_start_at)]
-    pub start_at: Option<crate::notify_start::StartAt>,
+    #[arg(long, value_parser = herald_notify::start::parse_start_at)]
+    pub start_at: Option<herald_notify::start::StartAt>,
     /// After a record is dead-lettered, what becomes of its key's later
     /// records: `per-key` parks them behind it, in order, until it is
     /// redriven or discarded (`herald dlq`); `none` applies them as they
@@ -91,7 +91,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     }
     let s = match subscriptions::run_from(args.subscription, &db, &sub, &options, &metrics, args.start_at, shutdown).await {
         Ok(s) => s,
-        Err(e) => match e.downcast_ref::<crate::notify_start::Refused>() {
+        Err(e) => match e.downcast_ref::<herald_notify::start::Refused>() {
             Some(refused) => {
                 eprintln!("error: {refused}");
                 return Ok(ExitCode::from(2));

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use herald_notify::sim::{self, FaultSwitches, Ledger, Mode, SimConfig, Slowness};
+use herald_proof::sim::{self, FaultSwitches, Ledger, Mode, SimConfig, Slowness};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -1,7 +1,11 @@
-//! The `herald` binary's library half: wiring of roles, configuration and
-//! the demo, exposed so end-to-end tests start exactly what users run.
+//! The `herald` binary's commands, exposed so end-to-end tests start exactly
+//! what users run. The wiring they share with herald-proof lives in
+//! herald-wiring and is re-exported here under its old paths; the demo,
+//! drill, benchmarks and provider simulator are herald-proof's.
 
-pub mod bench;
+pub use herald_proof::bench;
+pub use herald_wiring::{config, pipeline, signals, subscriptions, topic_args};
+
 pub mod cmd_audit;
 pub mod cmd_consume;
 pub mod cmd_dlq;
@@ -14,13 +18,5 @@ pub mod cmd_relay;
 pub mod cmd_schemas;
 pub mod cmd_snapshot;
 pub mod cmd_status;
-pub mod config;
-pub mod demo;
-pub mod drill;
 pub mod lifecycle_args;
 pub mod notify_args;
-pub mod notify_start;
-pub mod pipeline;
-pub mod signals;
-pub mod subscriptions;
-pub mod topic_args;

@@ -5,8 +5,10 @@ use herald::notify_args::{InvalidNotifyArgs, NotifyArgs};
 use herald::pipeline::Roles;
 use herald::{
     bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status,
-    config, demo, drill, pipeline,
+    config, pipeline,
 };
+use herald_notify::start::{self as notify_start, StartAt};
+use herald_proof::{demo, drill};
 
 use std::process::ExitCode;
 
@@ -42,8 +44,8 @@ enum Command {
         /// Where the notify subscription starts when its group has no committed
         /// offset and the events topic holds history: `latest` or an RFC 3339
         /// time. Without it such a start is refused (exit 2).
-        #[arg(long, env = "HERALD_NOTIFY_START_AT", value_parser = herald::notify_start::parse_start_at)]
-        notify_start_at: Option<herald::notify_start::StartAt>,
+        #[arg(long, env = "HERALD_NOTIFY_START_AT", value_parser = notify_start::parse_start_at)]
+        notify_start_at: Option<StartAt>,
     },
     /// Run the HTTP API alone (intake, job reads, search).
     Api {
@@ -133,7 +135,7 @@ fn main() -> ExitCode {
         Ok(code) => code,
         // An operator's decision, or flags that contradict each other: exit 2 like bad input.
         Err(e)
-            if e.downcast_ref::<herald::notify_start::Refused>().is_some()
+            if e.downcast_ref::<notify_start::Refused>().is_some()
                 || e.downcast_ref::<InvalidNotifyArgs>().is_some()
                 || e.downcast_ref::<herald_fault::SpecError>().is_some() =>
         {
@@ -196,7 +198,7 @@ async fn serve(
     roles: Roles,
     lifecycle: Option<&LifecycleArgs>,
     notify: Option<&NotifyArgs>,
-    notify_start_at: Option<herald::notify_start::StartAt>,
+    notify_start_at: Option<StartAt>,
 ) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     options.notify_start_at = notify_start_at;
@@ -210,7 +212,7 @@ async fn serve(
         let (url, caps) = match &notify.notify_url {
             Some(url) => (url.clone(), notify.capabilities()),
             None => {
-                let embedded = env.start_embedded_provider(Default::default()).await?;
+                let embedded = herald_proof::embedded::start_provider(&env, Default::default()).await?;
                 (embedded.url, embedded.caps)
             }
         };

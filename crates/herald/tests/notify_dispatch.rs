@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use herald_fault::Hook;
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::Ledger;
+use herald_proof::sim::Ledger;
 use herald_store::{Db, now_ms};
 use herald_testkit::TestDb;
 use serde_json::Value;

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use herald_notify::provider::Capabilities;
-use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
+use herald_proof::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use notify_support::{BODY, Backend, database, dispatcher, row, seed};
 use serde_json::Value;

@@ -28,7 +28,7 @@ use herald_fault::{Action, Hook, Point};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
+use herald_proof::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use herald_testkit::{Gate, unique};
 use notify_support::{Backend, database};

@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use herald_notify::provider::{NO_ANSWER, ProviderClient, SendOutcome};
-use herald_notify::sim::Ledger;
+use herald_proof::sim::Ledger;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};

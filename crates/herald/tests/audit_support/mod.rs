@@ -12,7 +12,7 @@ use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{self, FaultSwitches, Ledger, SimConfig};
+use herald_proof::sim::{self, FaultSwitches, Ledger, SimConfig};
 use herald_store::Db;
 use herald_testkit::unique;
 use serde_json::Value;

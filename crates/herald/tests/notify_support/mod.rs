@@ -18,7 +18,7 @@ use axum::routing::post;
 use herald_fault::Hook;
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::{Capabilities, ProviderClient};
-use herald_notify::sim::{Applied, Ledger};
+use herald_proof::sim::{Applied, Ledger};
 use herald_store::Db;
 use herald_testkit::TestDb;
 use sqlx::Row;

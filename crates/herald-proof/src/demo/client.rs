@@ -4,11 +4,12 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use herald_status::counts;
 use herald_store::Db;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::report::{Check, count};
+use super::report::Check;
 
 pub struct DemoClient {
     http: reqwest::Client,
@@ -94,7 +95,7 @@ impl DemoClient {
 
     /// Bad requests get problem+json with the right status and write nothing.
     pub async fn bad_input_checks(&self, db: &Db) -> anyhow::Result<Vec<Check>> {
-        let jobs_before = count(db, "SELECT COUNT(*) AS n FROM export_jobs").await?;
+        let jobs_before = counts::collect(db).await?.jobs.total();
         let good = json!({"format": "csv", "query": "never stored"}).to_string();
         let cases = [
             ("missing Idempotency-Key → 400", None, self.token.as_str(), good.as_str(), 400),
@@ -107,7 +108,7 @@ impl DemoClient {
             let is_problem = problem["status"].as_u64() == Some(u64::from(want));
             checks.push(Check::new(name, status.as_u16() == want && is_problem, format!("status {status}")));
         }
-        let jobs_after = count(db, "SELECT COUNT(*) AS n FROM export_jobs").await?;
+        let jobs_after = counts::collect(db).await?.jobs.total();
         checks.push(Check::new(
             "bad input wrote nothing",
             jobs_before == jobs_after,

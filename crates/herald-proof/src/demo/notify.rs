@@ -4,11 +4,13 @@
 
 use std::time::Duration;
 
+use herald_notify::rules::{PENDING, SENT};
+use herald_status::counts;
 use herald_store::Db;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::report::{Check, count};
+use super::report::Check;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct NotifyCounts {
@@ -22,18 +24,17 @@ pub struct NotifyCounts {
 pub async fn gather(db: &Db, provider_url: &str, want: i64, within: Duration) -> anyhow::Result<NotifyCounts> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        let intents = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
-        let pending = count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'pending'").await?;
-        if (intents >= want && pending == 0) || tokio::time::Instant::now() > deadline {
+        let tables = counts::collect(db).await?;
+        if (tables.intents.total() >= want && tables.intents.of(PENDING) == 0) || tokio::time::Instant::now() > deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let effects: Value = reqwest::get(format!("{provider_url}/effects")).await?.json().await?;
+    let tables = counts::collect(db).await?;
     Ok(NotifyCounts {
-        notification_intents: count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?,
-        notifications_sent: count(db, "SELECT COUNT(*) AS n FROM notification_intents WHERE status = 'sent' AND receipt IS NOT NULL")
-            .await?,
+        notification_intents: tables.intents.total(),
+        notifications_sent: tables.intents_with_receipt.of(SENT),
         provider_effects: effects["effects"].as_i64().unwrap_or(-1),
         provider_requests: effects["requests"].as_i64().unwrap_or(-1),
     })

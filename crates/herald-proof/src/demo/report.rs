@@ -1,11 +1,13 @@
-//! What the demo counts, from the database and from Kafka itself.
+//! What the demo counts, from the database (through `herald_status::counts`)
+//! and from Kafka itself.
 
 use std::time::{Duration, Instant};
 
+use herald_export::lifecycle::SUCCEEDED;
 use herald_kafka::KafkaConfig;
-use herald_store::Db;
+use herald_status::counts;
+use herald_store::{Db, outbox};
 use serde::Serialize;
-use sqlx::Row;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
@@ -36,33 +38,20 @@ pub struct Counts {
     pub duplicate_effects: i64,
 }
 
-pub async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
-}
-
 impl Counts {
     pub async fn gather(db: &Db, kafka: &KafkaConfig, topics: &herald_kafka::Topics) -> anyhow::Result<Counts> {
-        let extra_completions = count(
-            db,
-            "SELECT COALESCE(SUM(n - 1), 0) AS n FROM (SELECT COUNT(*) AS n FROM outbox \
-             WHERE event_type = 'herald.export.completed' GROUP BY subject) per_job",
-        )
-        .await?;
-        let jobs_succeeded = count(db, "SELECT COUNT(*) AS n FROM export_jobs WHERE status = 'succeeded'").await?;
+        let tables = counts::collect(db).await?;
+        let jobs_succeeded = tables.jobs.of(SUCCEEDED);
         let search_documents = herald_projections::search::count_active(db).await?;
         Ok(Counts {
-            exports_requested: count(db, "SELECT COUNT(*) AS n FROM export_intents").await?,
-            jobs_created: count(db, "SELECT COUNT(*) AS n FROM export_jobs").await?,
+            exports_requested: tables.export_intents,
+            jobs_created: tables.jobs.total(),
             jobs_succeeded,
-            completion_events: count(
-                db,
-                "SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered'",
-            )
-            .await?,
+            completion_events: tables.completions.delivered,
             kafka_event_records: kafka_records(kafka, &topics.events).await?,
             search_documents,
-            search_inbox_rows: count(db, "SELECT COUNT(*) AS n FROM inbox WHERE subscription = 'search'").await?,
-            duplicate_effects: extra_completions + (search_documents - jobs_succeeded).max(0),
+            search_inbox_rows: tables.inbox.of(herald_projections::search::SUBSCRIPTION),
+            duplicate_effects: tables.completions.beyond_first + (search_documents - jobs_succeeded).max(0),
         })
     }
 
@@ -91,9 +80,9 @@ async fn kafka_records(kafka: &KafkaConfig, topic: &str) -> anyhow::Result<i64> 
 pub async fn wait_settled(db: &Db, n: i64, timeout: Duration) -> anyhow::Result<bool> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        let succeeded = count(db, "SELECT COUNT(*) AS n FROM export_jobs WHERE status = 'succeeded'").await?;
+        let tables = counts::collect(db).await?;
+        let (succeeded, pending) = (tables.jobs.of(SUCCEEDED), tables.outbox.of(outbox::PENDING));
         let docs = herald_projections::search::count_active(db).await?;
-        let pending = count(db, "SELECT COUNT(*) AS n FROM outbox WHERE status = 'pending'").await?;
         if succeeded >= n && docs >= n && pending == 0 {
             return Ok(true);
         }

@@ -2,6 +2,8 @@
 //! (SQLite in a temporary directory + the in-process Kafka mock cluster) when
 //! neither names a database or a broker.
 
+use std::path::Path;
+
 use anyhow::Context;
 use clap::Args;
 use herald_api::Tokens;
@@ -43,37 +45,14 @@ pub struct Environment {
     /// A token for the default caller when none were configured.
     pub default_token: Option<String>,
     _embedded_kafka: Option<EmbeddedKafka>,
-    _data_dir: Option<TempDir>,
+    data_dir: Option<TempDir>,
 }
-
-/// The in-process reference receiver and what it is known to do.
-#[derive(Debug, Clone)]
-pub struct EmbeddedProvider {
-    pub url: String,
-    pub caps: herald_notify::provider::Capabilities,
-}
-
-/// How long the embedded simulator remembers keys.
-const EMBEDDED_KEY_RETENTION: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 impl Environment {
-    /// Starts the reference receiver in this process, keyed, with its ledger
-    /// in the data directory. Its capabilities are set here, not taken from
-    /// flags: Herald knows exactly what this receiver does.
-    pub async fn start_embedded_provider(&self, faults: herald_notify::sim::FaultSwitches) -> anyhow::Result<EmbeddedProvider> {
-        use herald_notify::provider::Capabilities;
-        use herald_notify::sim::{self, Ledger, SimConfig};
-        let dir = self._data_dir.as_ref().context("no data directory")?;
-        let ledger = Ledger::open(&dir.path().join("provider-ledger.sqlite").display().to_string()).await?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        let config = SimConfig::keyed(EMBEDDED_KEY_RETENTION);
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        tokio::spawn(sim::serve(listener, ledger, config, faults, shutdown));
-        // Keyed and queryable, as the simulator is; 5xx stay "may have executed".
-        let caps = Capabilities::keyed(EMBEDDED_KEY_RETENTION);
-        info!(%url, honours_keys = caps.honours_keys, queryable = caps.queryable, "embedded keyed provider simulator; its capabilities replace the --notify-* flags");
-        Ok(EmbeddedProvider { url, caps })
+    /// The temporary directory of this run (the embedded database, artifacts,
+    /// anything else that should go when the process does).
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.data_dir.as_ref().map(TempDir::path)
     }
 }
 
@@ -110,7 +89,7 @@ impl Backends {
             wiring: Wiring { db, kafka, topics, group_prefix: self.group_prefix.clone(), artifacts, tokens },
             default_token,
             _embedded_kafka: embedded,
-            _data_dir: Some(data_dir),
+            data_dir: Some(data_dir),
         })
     }
 }

@@ -62,7 +62,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     };
     let (_mock, kafka, topic) = match &args.kafka {
         Some(brokers) => {
-            let kafka = crate::config::kafka_config(brokers);
+            let kafka = herald_wiring::config::kafka_config(brokers);
             let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
             herald_kafka::ensure_topics(&kafka, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
             (None, kafka, topic)

@@ -15,11 +15,12 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use herald_notify::provider::NO_ANSWER;
-use herald_notify::rules::EARLIER_ATTEMPT;
-use herald_notify::sim::{KeyRequests, Totals};
+use herald_notify::rules::{EARLIER_ATTEMPT, UNKNOWN};
+use herald_status::counts;
 use herald_store::Db;
 use serde::Serialize;
-use sqlx::Row;
+
+use crate::sim::{KeyRequests, Totals};
 
 /// Dispatchers running side by side: their claims keep them apart.
 pub const DISPATCHERS: usize = 3;
@@ -127,21 +128,14 @@ impl IntentReport {
 /// Where the intents ended; the simulator at `sim_url` is asked, for each
 /// `unknown` intent after an unanswered call, whether it saw its key.
 pub async fn intent_report(db: &Db, sim_url: &str) -> anyhow::Result<IntentReport> {
-    let mut report = IntentReport::default();
-    for row in sqlx::query("SELECT status, COUNT(*) AS n FROM notification_intents GROUP BY status").fetch_all(db.pool()).await? {
-        let n: i64 = row.try_get("n")?;
-        report.total += n;
-        report.by_status.insert(row.try_get("status")?, n);
-    }
+    let by_status = counts::collect(db).await?.intents;
+    let mut report = IntentReport { total: by_status.total(), by_status: by_status.0, ..IntentReport::default() };
     let client = reqwest::Client::new();
-    for row in
-        sqlx::query("SELECT idempotency_key, last_error FROM notification_intents WHERE status = 'unknown'").fetch_all(db.pool()).await?
-    {
-        let reason: Option<String> = row.try_get("last_error")?;
-        let reason = reason.unwrap_or_default();
+    for intent in counts::intents_in(db, UNKNOWN).await? {
+        let reason = intent.last_error.unwrap_or_default();
         if reason.starts_with(EARLIER_ATTEMPT) {
             report.unknown_interrupted += 1;
-        } else if key_requests(&client, sim_url, &row.try_get::<String, _>("idempotency_key")?).await?.requests == 0 {
+        } else if key_requests(&client, sim_url, &intent.idempotency_key).await?.requests == 0 {
             report.unknown_unseen += 1;
         } else {
             report.unknown_unanswered += 1;

@@ -6,11 +6,12 @@
 
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, generations};
+use herald_status::counts;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::report::{Check, count};
-use crate::pipeline::Wiring;
+use super::report::Check;
+use herald_wiring::pipeline::Wiring;
 
 struct Quiet;
 
@@ -28,7 +29,7 @@ async fn provider_totals(url: &str) -> anyhow::Result<(i64, i64)> {
 pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> anyhow::Result<Vec<Check>> {
     let db = &wiring.db;
     let before = generations::active(db, "search").await?;
-    let intents_before = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
+    let intents_before = counts::collect(db).await?.intents.total();
     let effects_before = provider_totals(provider_url).await?;
     let options = RebuildOptions {
         kafka: wiring.kafka.clone(),
@@ -42,7 +43,7 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
     };
     let report = herald_rebuild::rebuild::rebuild(db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     let after = generations::active(db, "search").await?;
-    let intents_after = count(db, "SELECT COUNT(*) AS n FROM notification_intents").await?;
+    let intents_after = counts::collect(db).await?.intents.total();
     let effects_after = provider_totals(provider_url).await?;
     Ok(vec![
         Check::new(

@@ -244,7 +244,7 @@ pub(super) async fn timed_search_subscription(
         })
     };
     let options = Options { faults: hook, ..options };
-    let handler = crate::subscriptions::live(Search, sub);
+    let handler = herald_wiring::subscriptions::live(Search, sub);
     let running = herald_consumer::run_subscription(sub, db, &handler, &options, &metrics, done);
     tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;
     let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;

@@ -17,6 +17,7 @@ use herald_fault::Hook;
 use herald_kafka::{KafkaConfig, Topics};
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
+use herald_notify::start::StartAt;
 use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_status::{KafkaProbe, Monitor, MonitorConfig};
 use herald_store::Db;
@@ -25,7 +26,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use crate::notify_start::{self, StartAt};
 use crate::subscriptions;
 
 /// What every role needs to reach.
@@ -155,7 +155,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
         // Before any role runs: a refusal is the operator's decision to make,
         // not a role failure discovered later.
         let notify = subscriptions::Name::Notify.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
-        notify_start::prepare(&wiring.db, &notify, options.notify_start_at).await?;
+        subscriptions::prepare_notify(&wiring.db, &notify, options.notify_start_at).await?;
     }
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();

@@ -34,7 +34,9 @@ use std::fmt;
 use chrono::DateTime;
 use herald_consumer::Subscription;
 use herald_kafka::offsets::{self, PartitionState};
-use herald_store::{Db, start_positions};
+use herald_store::{Db, StoreError, start_positions};
+use rdkafka::error::KafkaError;
+use thiserror::Error;
 use tracing::{info, warn};
 
 /// `--start-at`: where a notify group without a position begins.
@@ -85,9 +87,24 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Why the notify subscription did not get a start position.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// It would start from history: the operator decides (`--start-at`).
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    /// The database failed reading or recording the decision: retry the start.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The broker failed reading watermarks or committing the position:
+    /// retry the start (a recorded decision is committed then).
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+}
+
 /// Gives the notify group a position where it has none, by the rule above,
 /// or refuses. Run before the subscription joins its group.
-pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> anyhow::Result<()> {
+pub async fn prepare(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> Result<(), StartError> {
     for topic in &sub.topics {
         let states = offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
         let unpositioned: Vec<PartitionState> = states.into_iter().filter(|s| s.committed.is_none()).collect();

@@ -10,13 +10,12 @@ use herald_consumer::{
 use herald_envelope::Registry;
 use herald_kafka::KafkaConfig;
 use herald_notify::intents::{self, NotifyHandler};
+use herald_notify::start::{self, StartAt, StartError};
 use herald_projections::search::{self, Search};
 use herald_projections::stats::{self, Stats};
 use herald_store::dead_letter::DeadLetter;
 use herald_store::{Db, Tx};
 use tokio_util::sync::CancellationToken;
-
-use crate::notify_start::{self, StartAt};
 
 /// A subscription on the events topic. Each is its own consumer group
 /// (`<prefix>.<name>`), inbox scope and dead-letter scope.
@@ -52,7 +51,7 @@ impl Name {
 }
 
 /// Runs subscription `name` until `shutdown`. The notify subscription
-/// refuses to start from history (see [`notify_start`]).
+/// refuses to start from history (see [`herald_notify::start`]).
 pub async fn run(
     name: Name,
     db: &Db,
@@ -77,11 +76,11 @@ pub async fn run_from(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Snapshot> {
     match name {
-        Name::Notify => notify_start::prepare(db, sub, start_at).await?,
+        Name::Notify => prepare_notify(db, sub, start_at).await?,
         // Best effort: without a record a generation counts as needing
         // history from offset 0, the conservative answer.
         Name::Search | Name::Stats => {
-            if let Err(e) = record_live_start(db, sub).await {
+            if let Err(e) = herald_rebuild::history::record_group_start(db, sub).await {
                 tracing::warn!(error = %e, subscription = %sub.name, "could not record where the group starts; rebuilds will assume offset 0");
             }
         }
@@ -99,16 +98,15 @@ pub fn live<P: Projection>(projection: P, sub: &Subscription) -> Live<P> {
     Live::new(projection, sub.topics.first().map_or("", String::as_str))
 }
 
-/// History completeness: where a projection's group has no committed offset
-/// it starts at the earliest retained record, the first one its generations
-/// need (see `herald_rebuild::history`).
-async fn record_live_start(db: &Db, sub: &Subscription) -> anyhow::Result<()> {
-    for topic in &sub.topics {
-        let states = herald_kafka::offsets::partition_states(&sub.kafka, &sub.group, topic).await?;
-        let starts: Vec<(i32, i64)> = states.iter().filter(|s| s.committed.is_none()).map(|s| (s.partition, s.low)).collect();
-        herald_rebuild::history::record_live_start(db, &sub.name, topic, &starts).await?;
+/// Gives the notify group a start position or refuses
+/// ([`herald_notify::start::prepare`]). A refusal stays a [`start::Refused`]
+/// inside the `anyhow` error: the commands tell the operator's decision
+/// (exit 2) from a failure by downcasting to it.
+pub async fn prepare_notify(db: &Db, sub: &Subscription, start_at: Option<StartAt>) -> anyhow::Result<()> {
+    match start::prepare(db, sub, start_at).await {
+        Err(StartError::Refused(refused)) => Err(refused.into()),
+        other => Ok(other?),
     }
-    Ok(())
 }
 
 /// The handler of a subscription named at run time (a dead letter's).

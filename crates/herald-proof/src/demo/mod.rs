@@ -14,16 +14,16 @@ use anyhow::Context;
 use clap::Args;
 use serde_json::json;
 
-use crate::config::Backends;
 use herald_export::LeasePolicy;
+use herald_wiring::config::Backends;
 
+use crate::sim::FaultSwitches;
 use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::ProviderClient;
 use herald_notify::rules::RetryPolicy;
-use herald_notify::sim::FaultSwitches;
 
-use crate::pipeline::{self, Dispatch, Options, Roles};
 use client::DemoClient;
+use herald_wiring::pipeline::{self, Dispatch, Options, Roles};
 use report::{Check, Counts};
 
 #[derive(Debug, Clone, Args)]
@@ -50,7 +50,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let backends = Backends {
         database: None,
         kafka: None,
-        topic: crate::topic_args::TopicArgs { partitions: 4, replication_factor: None, min_insync_replicas: None },
+        topic: herald_wiring::topic_args::TopicArgs { partitions: 4, replication_factor: None, min_insync_replicas: None },
         artifacts: None,
         topic_prefix: None,
         group_prefix: "herald".into(),
@@ -61,7 +61,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // The receiver loses the answer to one call after committing it: the
     // dispatcher times out, retries with the same key, and the keyed receiver
     // replays instead of executing twice.
-    let provider = env.start_embedded_provider(FaultSwitches { drop_responses: 1, ..FaultSwitches::default() }).await?;
+    let provider = crate::embedded::start_provider(&env, FaultSwitches { drop_responses: 1, ..FaultSwitches::default() }).await?;
     let provider_url = provider.url;
     let notify_client = ProviderClient::new(&provider_url, Duration::from_secs(1))?;
     let notify_config = DispatcherConfig {
@@ -134,7 +134,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
 
 /// `herald audit` on what the demo left: database, mock cluster history,
 /// artifacts and the simulator's effects.
-async fn audit(wiring: &crate::pipeline::Wiring, provider_url: &str) -> anyhow::Result<herald_audit::Report> {
+async fn audit(wiring: &herald_wiring::pipeline::Wiring, provider_url: &str) -> anyhow::Result<herald_audit::Report> {
     let sources = herald_audit::Sources {
         db: &wiring.db,
         kafka: &wiring.kafka,

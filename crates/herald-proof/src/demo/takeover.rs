@@ -10,7 +10,6 @@ use std::time::Duration;
 use herald_export::jobs;
 use herald_fault::{Action, Hook, Point};
 use herald_store::Db;
-use sqlx::Row;
 use tokio::sync::mpsc;
 
 use super::report::Check;
@@ -54,11 +53,7 @@ pub async fn check(db: &Db, hung: &Hung, within: Duration) -> anyhow::Result<Che
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let completions: i64 = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE event_type = 'herald.export.completed' AND subject = $1")
-        .bind(&hung.job_id)
-        .fetch_one(db.pool())
-        .await?
-        .try_get("n")?;
+    let completions = herald_status::counts::completions_of(db, &hung.job_id).await?;
     let dead_candidate = format!("exports/{}/g1.{}", job.job_id, job.format);
     let ok = job.status == jobs::SUCCEEDED
         && job.generation >= 3

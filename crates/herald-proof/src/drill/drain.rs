@@ -5,9 +5,13 @@
 
 use std::time::{Duration, Instant};
 
-use herald_store::Db;
+use herald_export::lifecycle;
+use herald_notify::intents;
+use herald_notify::rules;
+use herald_projections::{search, stats};
+use herald_status::counts;
+use herald_store::{Db, outbox};
 use serde::Serialize;
-use sqlx::Row;
 
 use super::procs::Procs;
 
@@ -32,19 +36,15 @@ impl Progress {
     }
 }
 
-async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get(0)?)
-}
-
 pub async fn progress(db: &Db) -> anyhow::Result<Progress> {
-    let applied = |s: &str| format!("SELECT COUNT(*) FROM inbox WHERE subscription = '{s}' AND event_type = 'herald.export.completed'");
+    let now = counts::collect(db).await?;
     Ok(Progress {
-        open_jobs: count(db, "SELECT COUNT(*) FROM export_jobs WHERE status IN ('pending', 'running')").await?,
-        unsent_outbox: count(db, "SELECT COUNT(*) FROM outbox WHERE status IN ('pending', 'retryable_failed')").await?,
-        completions: count(db, "SELECT COUNT(*) FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered'").await?,
-        applied: [count(db, &applied("search")).await?, count(db, &applied("stats")).await?, count(db, &applied("notify")).await?],
-        pending_intents: count(db, "SELECT COUNT(*) FROM notification_intents WHERE status = 'pending'").await?,
-        intents: count(db, "SELECT COUNT(*) FROM notification_intents").await?,
+        open_jobs: now.jobs.of(lifecycle::PENDING) + now.jobs.of(lifecycle::RUNNING),
+        unsent_outbox: now.outbox.of(outbox::PENDING) + now.outbox.of(outbox::RETRYABLE_FAILED),
+        completions: now.completions.delivered,
+        applied: [search::SUBSCRIPTION, stats::SUBSCRIPTION, intents::SUBSCRIPTION].map(|s| now.completions_applied.of(s)),
+        pending_intents: now.intents.of(rules::PENDING),
+        intents: now.intents.total(),
     })
 }
 
@@ -79,13 +79,14 @@ pub struct Totals {
 }
 
 pub async fn totals(db: &Db) -> anyhow::Result<Totals> {
+    let now = counts::collect(db).await?;
     Ok(Totals {
-        jobs: count(db, "SELECT COUNT(*) FROM export_jobs").await?,
-        jobs_succeeded: count(db, "SELECT COUNT(*) FROM export_jobs WHERE status = 'succeeded'").await?,
-        jobs_failed: count(db, "SELECT COUNT(*) FROM export_jobs WHERE status = 'failed'").await?,
-        outbox_rows: count(db, "SELECT COUNT(*) FROM outbox").await?,
-        completion_events: count(db, "SELECT COUNT(*) FROM outbox WHERE event_type = 'herald.export.completed'").await?,
-        dead_letters: count(db, "SELECT COUNT(*) FROM dead_letters").await?,
+        jobs: now.jobs.total(),
+        jobs_succeeded: now.jobs.of(lifecycle::SUCCEEDED),
+        jobs_failed: now.jobs.of(lifecycle::FAILED),
+        outbox_rows: now.outbox.total(),
+        completion_events: now.completions.rows,
+        dead_letters: now.dead_letters,
     })
 }
 
