@@ -158,20 +158,7 @@ pub async fn open_next(
     .bind(settled)
     .execute(&mut *tx)
     .await?;
-    for p in &positions {
-        sqlx::query(
-            "INSERT INTO generation_positions (projection, generation, topic, kafka_partition, next_offset, boundary_offset) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(projection)
-        .bind(next)
-        .bind(topic)
-        .bind(p.partition)
-        .bind(p.next_offset)
-        .bind(p.boundary_offset)
-        .execute(&mut *tx)
-        .await?;
-    }
+    herald_store::generations::insert_positions(&mut tx, projection, next, topic, &positions).await?;
     let history: Vec<(i32, i64)> = positions.iter().map(|p| (p.partition, p.next_offset)).collect();
     crate::history::record(&mut tx, projection, next, topic, &history).await?;
     for chunk in documents.chunks(10_000) {

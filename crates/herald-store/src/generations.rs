@@ -1,8 +1,10 @@
 //! What the projection engine needs of `projection_generations` and
 //! `generation_positions`: the states (defined here once), which
 //! generations live traffic writes and from which offset on, and a
-//! replay's positions. Creating, verifying and switching generations is the
-//! rebuild's (`herald_rebuild::generations`).
+//! replay's positions (every write of `generation_positions`, its owner
+//! being this crate: the positions a rebuild opens with, the replay's
+//! advance). Creating, verifying and switching generations is the rebuild's
+//! (`herald_rebuild::generations`).
 
 use std::collections::BTreeMap;
 
@@ -110,6 +112,32 @@ pub async fn positions(db: &Db, projection: &str, generation: i64) -> Result<Vec
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
+}
+
+/// Records a new generation's replay positions in `topic`, inside the
+/// transaction that opens it (`herald_rebuild::generations::open_next`).
+pub async fn insert_positions(
+    tx: &mut Tx<'_>,
+    projection: &str,
+    generation: i64,
+    topic: &str,
+    positions: &[Position],
+) -> Result<(), StoreError> {
+    for p in positions {
+        sqlx::query(
+            "INSERT INTO generation_positions (projection, generation, topic, kafka_partition, next_offset, boundary_offset) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(projection)
+        .bind(generation)
+        .bind(topic)
+        .bind(p.partition)
+        .bind(p.next_offset)
+        .bind(p.boundary_offset)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }
 
 /// Advances a replay position inside the replay's transaction, so what it
