@@ -23,4 +23,5 @@ pub mod bench;
 pub mod demo;
 pub mod drill;
 pub mod embedded;
+pub mod scratch;
 pub mod sim;

@@ -22,10 +22,10 @@ use herald_projections::search::{self, Search};
 use herald_store::{Db, inbox, now_ms};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use serde_json::json;
-use sqlx::{Connection, Executor, PgConnection};
 use tokio_util::sync::CancellationToken;
 
 use super::workload;
+use crate::scratch::on_scratch_postgres;
 
 #[derive(Debug, Clone, Args)]
 pub struct ConsumeBenchArgs {
@@ -59,20 +59,20 @@ pub struct ConsumeBenchArgs {
 const TARGET_EPS: f64 = 20_000.0;
 
 pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) must name a PostgreSQL server (postgres://…)");
-        return Ok(ExitCode::from(2));
-    };
-    let scratch = ScratchDb::create(&url).await?;
-    let result = measure(&args, &scratch.url).await;
-    scratch.drop_db().await;
-    let r = result?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&r.to_json(&args))?);
-    } else {
-        r.print(&args);
-    }
-    Ok(ExitCode::SUCCESS)
+    let args = &args;
+    on_scratch_postgres(
+        args.database.as_deref(),
+        |url| async move { measure(args, &url).await },
+        |r: Rates| {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&r.to_json(args))?);
+            } else {
+                r.print(args);
+            }
+            Ok(())
+        },
+    )
+    .await
 }
 
 struct Rates {
@@ -290,31 +290,4 @@ impl Rates {
 
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
-}
-
-/// A database of its own on the server, so the benchmark never writes into
-/// a real deployment's tables.
-pub(crate) struct ScratchDb {
-    pub(crate) url: String,
-    admin_url: String,
-    name: String,
-}
-
-impl ScratchDb {
-    pub(crate) async fn create(server: &str) -> anyhow::Result<ScratchDb> {
-        let name = format!("herald_bench_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
-        admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.context("creating the scratch database")?;
-        admin.close().await.ok();
-        let mut url = url::Url::parse(server)?;
-        url.set_path(&name);
-        Ok(ScratchDb { admin_url: server.to_owned(), name, url: url.into() })
-    }
-
-    pub(crate) async fn drop_db(&self) {
-        if let Ok(mut admin) = PgConnection::connect(&self.admin_url).await {
-            let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str()).await;
-            let _ = admin.close().await;
-        }
-    }
 }

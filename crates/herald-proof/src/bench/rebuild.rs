@@ -27,8 +27,9 @@ use herald_store::{Db, inbox};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::consume::{ScratchDb, raw_insert, timed_search_subscription};
+use super::consume::{raw_insert, timed_search_subscription};
 use super::workload;
+use crate::scratch::on_scratch_postgres;
 
 #[derive(Debug, Clone, Args)]
 pub struct RebuildBenchArgs {
@@ -63,20 +64,20 @@ struct Figures {
 }
 
 pub async fn run(args: RebuildBenchArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) must name a PostgreSQL server (postgres://…)");
-        return Ok(ExitCode::from(2));
-    };
-    let scratch = ScratchDb::create(&url).await?;
-    let result = measure(&args, &scratch.url).await;
-    scratch.drop_db().await;
-    let f = result?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&f.to_json(&args))?);
-    } else {
-        f.print(&args);
-    }
-    Ok(ExitCode::SUCCESS)
+    let args = &args;
+    on_scratch_postgres(
+        args.database.as_deref(),
+        |url| async move { measure(args, &url).await },
+        |f: Figures| {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&f.to_json(args))?);
+            } else {
+                f.print(args);
+            }
+            Ok(())
+        },
+    )
+    .await
 }
 
 fn events(topic: &str, run: &str, from: usize, to: usize) -> anyhow::Result<Vec<OutboxEvent>> {

@@ -22,7 +22,9 @@ use herald_relay::{Relay, RelayConfig, RelayStats};
 use herald_store::{Backend, Db, outbox};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
-use sqlx::{Connection, Executor, Row};
+
+use crate::scratch::ScratchDb;
+use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Clone, Args)]
@@ -75,12 +77,15 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     };
 
     let raw = raw_producer(&kafka, &topic, &events(&topic, args.events)?).await?;
-    let naive_db = TempDb::create(&server).await?;
-    let naive = naive_relay(&naive_db.db, &kafka, &events(&topic, args.naive_events)?).await?;
-    naive_db.drop_it(&server).await;
-    let herald_db = TempDb::create(&server).await?;
-    let herald = herald_relay(&herald_db.db, &kafka, &events(&topic, args.events)?).await?;
-    herald_db.drop_it(&server).await;
+    let (scratch, db) = scratch_db(&server).await?;
+    let naive = naive_relay(&db, &kafka, &events(&topic, args.naive_events)?).await;
+    db.close().await;
+    scratch.drop_db().await;
+    let (scratch, db) = scratch_db(&server).await?;
+    let herald = herald_relay(&db, &kafka, &events(&topic, args.events)?).await;
+    db.close().await;
+    scratch.drop_db().await;
+    let (naive, herald) = (naive?, herald?);
 
     report(&args, raw, naive, herald)?;
     Ok(ExitCode::SUCCESS)
@@ -259,30 +264,10 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
     }
     Ok(())
 }
-
-/// A database created for one run on the server, dropped after it.
-struct TempDb {
-    db: Db,
-    name: String,
-}
-
-impl TempDb {
-    async fn create(server: &str) -> anyhow::Result<TempDb> {
-        let name = format!("herald_bench_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = sqlx::PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
-        admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.context("creating the benchmark database")?;
-        admin.close().await.ok();
-        let mut url = url::Url::parse(server)?;
-        url.set_path(&name);
-        let db = Db::connect_and_migrate(url.as_str()).await?;
-        anyhow::ensure!(db.backend() == Backend::Postgres, "not PostgreSQL");
-        Ok(TempDb { db, name })
-    }
-
-    async fn drop_it(self, server: &str) {
-        self.db.close().await;
-        if let Ok(mut admin) = sqlx::PgConnection::connect(server).await {
-            let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\"", self.name).as_str()).await;
-        }
-    }
+/// A migrated scratch database of the PostgreSQL server `server`.
+async fn scratch_db(server: &str) -> anyhow::Result<(ScratchDb, Db)> {
+    let scratch = ScratchDb::create(server, "herald_bench").await?;
+    let db = Db::connect_and_migrate(&scratch.url).await?;
+    anyhow::ensure!(db.backend() == Backend::Postgres, "not PostgreSQL");
+    Ok((scratch, db))
 }

@@ -123,7 +123,8 @@ enum Cluster<'a> {
 
 /// The drill itself; `Ok(true)` when it passed.
 async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster<'_>, work: &std::path::Path) -> anyhow::Result<bool> {
-    let url = fresh_database(server).await?;
+    // Kept after the run: the evidence an operator may want to read.
+    let url = crate::scratch::ScratchDb::create(server, "herald_drill").await?.url;
     let db = Db::connect_and_migrate(&url).await?;
     let mut brokers = match cluster {
         Cluster::Given(bootstrap) => Brokers::given(bootstrap),
@@ -257,17 +258,6 @@ fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path,
 }
 
 /// A new, empty database `herald_drill_<uuid>` on the server `server` names.
-async fn fresh_database(server: &str) -> anyhow::Result<String> {
-    use sqlx::{Connection, Executor};
-    let name = format!("herald_drill_{}", uuid::Uuid::new_v4().simple());
-    let mut admin = sqlx::PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
-    admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await?;
-    admin.close().await?;
-    let mut url = url::Url::parse(server)?;
-    url.set_path(&name);
-    Ok(url.into())
-}
-
 async fn create_topics(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
