@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::Database;
 use herald::bench::workload;
-use herald_consumer::{Discarded, Handler, HandlerError, Metrics, Options, Order, Record, Released, Snapshot, Subscription};
+use herald_consumer::{
+    Discarded, Handler, HandlerError, Metrics, MetricsSnapshot, Order, Record, Released, Subscription, SubscriptionOptions,
+};
 use herald_envelope::{OutboxEvent, Registry};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_status::queries;
@@ -105,12 +107,12 @@ async fn bed(database: Database) -> anyhow::Result<Bed> {
 struct Running {
     stop: CancellationToken,
     metrics: Arc<Metrics>,
-    task: JoinHandle<anyhow::Result<Snapshot>>,
+    task: JoinHandle<anyhow::Result<MetricsSnapshot>>,
 }
 
 impl Running {
     /// Stops the subscription; its counters.
-    async fn stop(self) -> anyhow::Result<Snapshot> {
+    async fn stop(self) -> anyhow::Result<MetricsSnapshot> {
         self.stop.cancel();
         self.task.await?
     }
@@ -129,7 +131,7 @@ impl Bed {
         let sub = Subscription::new(SUB, group_prefix, &KafkaConfig::new(self.kafka.bootstrap_servers()), &[&self.topics.events]);
         let (stop, metrics) = (CancellationToken::new(), Arc::new(Metrics::default()));
         let (db, handler, token, m) = (self.db.clone(), handler.clone(), stop.clone(), metrics.clone());
-        let options = Options { max_batch: 5, order, ..Options::default() };
+        let options = SubscriptionOptions { max_batch: 5, order, ..SubscriptionOptions::default() };
         let task = tokio::spawn(async move { Ok(herald_consumer::run_subscription(&sub, &db, &handler, &options, &m, token).await?) });
         Running { stop, metrics, task }
     }

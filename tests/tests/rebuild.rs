@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{ALICE, Broker, Database, export_body};
-use herald::pipeline::{self, Dispatch, Options, Roles};
+use herald::pipeline::{self, Dispatch, RoleOptions, Roles};
 use herald_notify::dispatcher::DispatcherConfig;
 use herald_notify::provider::{Capabilities, ProviderClient};
 use herald_proof::sim::{self, FaultSwitches, Ledger, SimConfig};
@@ -60,7 +60,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
     let dispatcher = pipeline::start_roles(
         stack.wiring.clone(),
         Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true },
-        Options { dispatch: Some(dispatch), ..Options::default() },
+        RoleOptions { dispatch: Some(dispatch), ..RoleOptions::default() },
     )
     .await?;
 

@@ -13,7 +13,7 @@ use chrono::Utc;
 use herald::bench::workload;
 use herald::subscriptions::{self, Name};
 use herald_consumer::Live;
-use herald_consumer::{Metrics, Options, Redriven};
+use herald_consumer::{Metrics, Redriven, SubscriptionOptions};
 use herald_envelope::data::DEFAULT_CONTENT_TYPE;
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted, ExportCompletedV1, OutboxEvent, Registry, decode_record};
 use herald_kafka::KafkaConfig;
@@ -152,7 +152,7 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
 
     // The consumer is built with this build's schemas only.
     let sub = Name::Search.subscription(&herald_testkit::unique("herald"), &KafkaConfig::new(&brokers), &topics.events);
-    let (stop, metrics, options) = (CancellationToken::new(), Metrics::default(), Options::default());
+    let (stop, metrics, options) = (CancellationToken::new(), Metrics::default(), SubscriptionOptions::default());
     let run = subscriptions::run(Name::Search, &db, &sub, &options, &metrics, stop.clone());
     let wait = async {
         eventually("one applied, one dead letter", || async {

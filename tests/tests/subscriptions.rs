@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{Broker, Database};
 use herald::bench::workload;
 use herald::subscriptions::{self, Name};
-use herald_consumer::{Handler, HandlerError, Metrics, Options, Redriven, Snapshot};
+use herald_consumer::{Handler, HandlerError, Metrics, MetricsSnapshot, Redriven, SubscriptionOptions};
 use herald_consumer::{Live, Record};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
@@ -48,11 +48,11 @@ struct Bed {
 struct Running {
     stop: CancellationToken,
     metrics: Arc<Metrics>,
-    task: JoinHandle<anyhow::Result<Snapshot>>,
+    task: JoinHandle<anyhow::Result<MetricsSnapshot>>,
 }
 
 impl Running {
-    async fn stop(self) -> anyhow::Result<Snapshot> {
+    async fn stop(self) -> anyhow::Result<MetricsSnapshot> {
         self.stop.cancel();
         self.task.await?
     }
@@ -81,11 +81,11 @@ async fn bed(database: Database, broker: Broker) -> anyhow::Result<Bed> {
 
 impl Bed {
     fn start(&self, name: Name) -> Running {
-        self.start_with(name, Options { max_batch: 7, ..Options::default() })
+        self.start_with(name, SubscriptionOptions { max_batch: 7, ..SubscriptionOptions::default() })
     }
 
     /// Small batches on purpose: many transactions, many offset stores.
-    fn start_with(&self, name: Name, options: Options) -> Running {
+    fn start_with(&self, name: Name, options: SubscriptionOptions) -> Running {
         let stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let (db, sub) = (self.db.clone(), name.subscription(&self.group_prefix, &KafkaConfig::new(&self.brokers), &self.topics.events));
@@ -454,7 +454,7 @@ async fn retryable_failure_pauses_and_never_dead_letters() -> anyhow::Result<()>
     let sub = Name::Stats.subscription(&bed.group_prefix, &KafkaConfig::new(&bed.brokers), &bed.topics.events);
     let (stop, metrics) = (CancellationToken::new(), Metrics::default());
     let handler = Flaky { fail: AtomicU32::new(4), stats: Live::new(Stats, &bed.topics.events) };
-    let options = Options::default();
+    let options = SubscriptionOptions::default();
     let runner = herald_consumer::run_subscription(&sub, &bed.db, &handler, &options, &metrics, stop.clone());
     let watcher = async {
         let result = eventually("stats to count 5", || async { Ok(stats::total_exports(&bed.db).await? == 5) }).await;
@@ -501,9 +501,9 @@ async fn rebalance_mid_stream(database: Database, broker: Broker, redelivery_pos
             }
         })
     };
-    let a = bed.start_with(Name::Stats, Options { max_batch: 10, faults: hook, ..Options::default() });
+    let a = bed.start_with(Name::Stats, SubscriptionOptions { max_batch: 10, faults: hook, ..SubscriptionOptions::default() });
     paused.notified().await;
-    let b = bed.start_with(Name::Stats, Options { max_batch: 10, ..Options::default() });
+    let b = bed.start_with(Name::Stats, SubscriptionOptions { max_batch: 10, ..SubscriptionOptions::default() });
     release.notify_one();
     let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
     eventually("both members to hold partitions", || {

@@ -20,7 +20,7 @@ use crate::handler::Record;
 use crate::letters::{self, Backoff};
 use crate::metrics::Metrics;
 use crate::parking::{self, Blocked, Verdict};
-use crate::{Handler, HandlerError, Options, Order};
+use crate::{Handler, HandlerError, Order, SubscriptionOptions};
 
 /// Each record of a batch decoded (or why not), in the batch's order.
 pub(crate) type Decoded = Vec<Result<DecodedEvent, String>>;
@@ -54,7 +54,7 @@ pub(crate) struct Applier<'a, H> {
     pub db: &'a Db,
     pub subscription: &'a str,
     pub handler: &'a H,
-    pub options: &'a Options,
+    pub options: &'a SubscriptionOptions,
     /// `options.order`, else what the handler declares.
     pub order: Order,
     pub metrics: &'a Metrics,
@@ -152,7 +152,7 @@ impl<H: Handler> Applier<'_, H> {
                 }
             }
         }
-        let first = inbox::claim_batch(&mut tx, self.subscription, &entries).await?;
+        let first = inbox::admit_batch(&mut tx, self.subscription, &entries).await?;
         let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
         self.handler.apply(&mut tx, &new).await?;
         tx.commit().await.map_err(StoreError::from)?;
@@ -224,7 +224,7 @@ impl<H: Handler> Applier<'_, H> {
             Verdict::Park | Verdict::Kept => Single::Duplicate,
             Verdict::Free => {
                 let entry = Entry { key: &event.key, event_type: &event.event_type, delivery: delivery(msg) };
-                if inbox::claim_batch(&mut tx, self.subscription, &[entry]).await?.is_empty() {
+                if inbox::admit_batch(&mut tx, self.subscription, &[entry]).await?.is_empty() {
                     Single::Duplicate
                 } else {
                     self.handler.apply(&mut tx, &[record(msg, event)]).await?;

@@ -25,7 +25,7 @@ pub trait Handler: Send + Sync {
 
     /// Whether it needs a key's events in offset order even past a dead
     /// letter ([`Order::PerKey`]: later records of the key are parked behind
-    /// it). The subscription's default; `Options::order` overrides it.
+    /// it). The subscription's default; `SubscriptionOptions::order` overrides it.
     fn order(&self) -> Order {
         Order::None
     }

@@ -48,10 +48,10 @@ mod replay_write;
 
 pub use error::{HandlerError, ProcessError, ReplayError, RunError};
 pub use handler::{Handler, Record};
-pub use metrics::{Metrics, Snapshot};
+pub use metrics::{Metrics, MetricsSnapshot};
 pub use order::{Order, UnknownOrder};
 pub use parking::Released;
 pub use projection::{Fingerprint, Live, Projection};
 pub use redrive::{Discarded, RedriveOutcome, Redriven, discard, redrive, redrive_processor, redrive_releasing, redrive_with};
 pub use runtime::{Processed, Processor, Subscription, run};
-pub use subscription::{Options, run_subscription};
+pub use subscription::{SubscriptionOptions, run_subscription};

@@ -26,7 +26,7 @@ pub struct Metrics {
 
 /// A point-in-time copy of [`Metrics`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Snapshot {
+pub struct MetricsSnapshot {
     pub applied: u64,
     pub duplicates: u64,
     pub skipped: u64,
@@ -42,9 +42,9 @@ impl Metrics {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> MetricsSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Snapshot {
+        MetricsSnapshot {
             applied: get(&self.applied),
             duplicates: get(&self.duplicates),
             skipped: get(&self.skipped),

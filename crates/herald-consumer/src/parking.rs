@@ -129,7 +129,7 @@ pub(crate) async fn apply_one<H: Handler>(
     }
     let delivery = Delivery { topic: msg.topic(), partition: msg.partition(), offset: msg.offset() };
     let entry = Entry { key: &event.key, event_type: &event.event_type, delivery };
-    if inbox::claim_batch(tx, subscription, &[entry]).await?.is_empty() {
+    if inbox::admit_batch(tx, subscription, &[entry]).await?.is_empty() {
         return Ok(Outcome::Duplicate);
     }
     handler.apply(tx, &[Record { event, partition: msg.partition(), offset: msg.offset() }]).await?;

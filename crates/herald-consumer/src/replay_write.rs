@@ -95,7 +95,7 @@ impl<'p, P: Projection> Writer<'p, P> {
                     delivery: Delivery { topic: &self.topic, partition: i.partition, offset: i.offset },
                 })
                 .collect();
-            let first: HashSet<EventKey> = inbox::claim_batch(&mut tx, &self.scope, &entries).await?;
+            let first: HashSet<EventKey> = inbox::admit_batch(&mut tx, &self.scope, &entries).await?;
             first_seen(items, |key| first.contains(key))
         };
         if !facts.is_empty() {
@@ -115,7 +115,7 @@ impl<'p, P: Projection> Writer<'p, P> {
         } else {
             let entries: Vec<PgEntry<'_>> =
                 items.iter().map(|i| PgEntry { key: i.key, event_type: i.event_type, partition: i.partition, offset: i.offset }).collect();
-            let first = inbox::claim_batch_pg(&mut tx, &self.scope, &self.topic, &entries).await?;
+            let first = inbox::admit_batch_pg(&mut tx, &self.scope, &self.topic, &entries).await?;
             first_seen(items, |key| first.contains(&(key.source.clone(), key.id.clone())))
         };
         if !facts.is_empty() {

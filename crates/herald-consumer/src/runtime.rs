@@ -21,7 +21,7 @@ use crate::ProcessError;
 use crate::letters::{self, Backoff};
 
 /// Tries of a record the processor rejects before it is dead-lettered, as
-/// for a subscription's handler (`Options::max_attempts`).
+/// for a subscription's handler (`SubscriptionOptions::max_attempts`).
 const REJECTIONS: u32 = 3;
 
 /// What processing one record did, for a redrive to report.

@@ -21,12 +21,12 @@ use tracing::{info, warn};
 
 use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
-use crate::metrics::{Metrics, Snapshot};
+use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::{Handler, Order, RunError, Subscription};
 
 /// Tuning of a subscription.
 #[derive(Clone)]
-pub struct Options {
+pub struct SubscriptionOptions {
     /// Most records per transaction.
     pub max_batch: usize,
     /// How long to keep collecting after the first record of a batch.
@@ -54,9 +54,9 @@ pub struct Options {
     pub registry: Registry,
 }
 
-impl Default for Options {
+impl Default for SubscriptionOptions {
     fn default() -> Self {
-        Options {
+        SubscriptionOptions {
             max_batch: 1000,
             max_wait: Duration::from_millis(20),
             lanes: 2,
@@ -69,9 +69,9 @@ impl Default for Options {
     }
 }
 
-impl std::fmt::Debug for Options {
+impl std::fmt::Debug for SubscriptionOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Options")
+        f.debug_struct("SubscriptionOptions")
             .field("max_batch", &self.max_batch)
             .field("max_wait", &self.max_wait)
             .field("lanes", &self.lanes)
@@ -90,10 +90,10 @@ pub async fn run_subscription<H: Handler>(
     subscription: &Subscription,
     db: &Db,
     handler: &H,
-    options: &Options,
+    options: &SubscriptionOptions,
     metrics: &Metrics,
     shutdown: CancellationToken,
-) -> Result<Snapshot, RunError> {
+) -> Result<MetricsSnapshot, RunError> {
     let rewritten = inbox::normalise_legacy_sources(db, &subscription.name, SOURCE_ALIASES).await?;
     if rewritten > 0 {
         info!(subscription = %subscription.name, rewritten, "inbox rows of legacy sources normalised");
@@ -205,7 +205,7 @@ fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec
 /// after it are kept — they come from the new assignment.
 async fn collect(
     consumer: &StreamConsumer<SubscriptionContext>,
-    options: &Options,
+    options: &SubscriptionOptions,
     shutdown: &CancellationToken,
 ) -> Option<Vec<OwnedMessage>> {
     let first = tokio::select! {

@@ -22,16 +22,16 @@
 
 pub mod claims;
 mod config;
+mod counters;
 mod cursor;
 mod error;
 mod publish;
 mod relay;
 mod slice;
-mod stats;
 mod wake;
 
 pub use config::RelayConfig;
+pub use counters::RelayCounters;
 pub use error::{Class, PublishError, RelayError, classify};
 pub use publish::producer_config;
 pub use relay::Relay;
-pub use stats::RelayStats;

@@ -14,14 +14,14 @@ use tracing::{info, warn};
 use crate::claims::{self as store, Claim, SLICES};
 use crate::publish::Publisher;
 use crate::slice::{self, End};
-use crate::{RelayConfig, RelayError, RelayStats, wake};
+use crate::{RelayConfig, RelayCounters, RelayError, wake};
 
 /// What every slice task of one relay shares.
 pub(crate) struct Shared {
     pub db: Db,
     pub publisher: Publisher,
     pub config: RelayConfig,
-    pub stats: Arc<RelayStats>,
+    pub counters: Arc<RelayCounters>,
     pub wake: watch::Sender<u64>,
 }
 
@@ -39,13 +39,13 @@ impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
         let publisher = Publisher::new(kafka, &config.producer).map_err(RelayError::Producer)?;
         let (wake, _) = watch::channel(0);
-        let shared = Shared { db, publisher, config, stats: Arc::default(), wake };
+        let shared = Shared { db, publisher, config, counters: Arc::default(), wake };
         Ok(Relay { shared: Arc::new(shared) })
     }
 
     /// Counters of this relay.
-    pub fn stats(&self) -> Arc<RelayStats> {
-        self.shared.stats.clone()
+    pub fn counters(&self) -> Arc<RelayCounters> {
+        self.shared.counters.clone()
     }
 
     /// Relays until `shutdown`, then drains: every slice finishes (or, after
@@ -53,8 +53,12 @@ impl Relay {
     pub async fn run(&self, shutdown: CancellationToken) {
         let config = &self.shared.config;
         info!(owner = %config.owner, batch = config.batch_size, lease_ms = config.lease_ms(), "relay started");
-        let listener =
-            tokio::spawn(wake::listen(self.shared.db.clone(), self.shared.wake.clone(), self.shared.stats.clone(), shutdown.child_token()));
+        let listener = tokio::spawn(wake::listen(
+            self.shared.db.clone(),
+            self.shared.wake.clone(),
+            self.shared.counters.clone(),
+            shutdown.child_token(),
+        ));
         let mut held: HashMap<i32, Held> = HashMap::new();
         let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
         let mut tick = tokio::time::interval(config.renew_every);
@@ -124,7 +128,7 @@ impl Relay {
             Ok(claims) => {
                 for claim in claims {
                     info!(slice = claim.slice, attempt = claim.attempt_count, "slice claimed");
-                    RelayStats::add(&self.shared.stats.claims, 1);
+                    RelayCounters::add(&self.shared.counters.claims, 1);
                     let stop = CancellationToken::new();
                     let fresh = Held { claim: claim.clone(), stop: stop.clone() };
                     if let Some(old) = held.insert(claim.slice, fresh) {

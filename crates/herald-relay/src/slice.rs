@@ -20,7 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
 use crate::relay::Shared;
-use crate::{Class, PublishError, RelayStats};
+use crate::{Class, PublishError, RelayCounters};
 
 /// How a slice task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl Worker {
                     continue;
                 }
             };
-            RelayStats::time(&self.shared.stats.read_us, started);
+            RelayCounters::time(&self.shared.counters.read_us, started);
             if rows.is_empty() {
                 self.cursor = self.cursor.after(None, true);
                 self.idle_wait(stop).await;
@@ -104,10 +104,10 @@ impl Worker {
         let started = Instant::now();
         let Some(verdicts) = self.publish(&rows, stop).await else {
             // Stopping with acknowledgements outstanding: record nothing.
-            RelayStats::add(&self.shared.stats.unrecorded, 1);
+            RelayCounters::add(&self.shared.counters.unrecorded, 1);
             return Some(End::Released);
         };
-        RelayStats::time(&self.shared.stats.publish_us, started);
+        RelayCounters::time(&self.shared.counters.publish_us, started);
         self.shared.publisher.check_fatal(&verdicts);
         let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
         let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
@@ -119,7 +119,7 @@ impl Worker {
         let started = Instant::now();
         let recorded =
             store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await;
-        RelayStats::time(&self.shared.stats.record_us, started);
+        RelayCounters::time(&self.shared.counters.record_us, started);
         match recorded {
             Ok(Fence::Held) => {
                 self.persisted = next.clone();
@@ -129,7 +129,7 @@ impl Worker {
                 None
             }
             Ok(Fence::Lost) => {
-                RelayStats::add(&self.shared.stats.fenced, 1);
+                RelayCounters::add(&self.shared.counters.fenced, 1);
                 warn!(slice = self.claim.slice, token = %self.claim.token, "lease lost: progress refused; another relay owns the slice");
                 Some(End::Lost)
             }
@@ -144,7 +144,7 @@ impl Worker {
     /// and the verdicts did not all come within the drain time.
     async fn publish(&self, rows: &[OutboxRow], stop: &CancellationToken) -> Option<Vec<Result<(), PublishError>>> {
         let deliveries = self.shared.publisher.send_all(rows).await;
-        RelayStats::add(&self.shared.stats.sent, rows.len());
+        RelayCounters::add(&self.shared.counters.sent, rows.len());
         let all = join_all(deliveries);
         tokio::pin!(all);
         tokio::select! {
@@ -156,26 +156,26 @@ impl Worker {
     /// The batch's progress was not written: go back to the recorded cursor,
     /// so the same rows are published again (same CloudEvents ids).
     fn unrecorded(&mut self) -> Option<End> {
-        RelayStats::add(&self.shared.stats.unrecorded, 1);
+        RelayCounters::add(&self.shared.counters.unrecorded, 1);
         self.cursor = self.persisted.clone();
         None
     }
 
     fn count(&self, settled: &Settled) {
-        let stats = &self.shared.stats;
-        RelayStats::add(&stats.delivered, settled.delivered.len());
+        let stats = &self.shared.counters;
+        RelayCounters::add(&stats.delivered, settled.delivered.len());
         for setback in &settled.setbacks {
             if setback.status == outbox::RETRYABLE_FAILED {
-                RelayStats::add(&stats.retried, 1);
+                RelayCounters::add(&stats.retried, 1);
             } else {
-                RelayStats::add(&stats.set_aside, 1);
+                RelayCounters::add(&stats.set_aside, 1);
             }
         }
     }
 
     /// Nothing to read: wait for a NOTIFY (PostgreSQL) or poll with backoff.
     async fn idle_wait(&mut self, stop: &CancellationToken) {
-        RelayStats::add(&self.shared.stats.idle, 1);
+        RelayCounters::add(&self.shared.counters.idle, 1);
         let config = &self.shared.config;
         let wait = match self.shared.db.backend() {
             Backend::Postgres => config.idle_max,

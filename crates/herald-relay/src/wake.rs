@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::RelayStats;
+use crate::RelayCounters;
 
 pub const CHANNEL: &str = "herald_outbox";
 
@@ -20,7 +20,7 @@ pub const CHANNEL: &str = "herald_outbox";
 /// after errors, and bumps `wake` then: notifications sent while it was away
 /// are lost, so every slice should look once. (Not on the first connection:
 /// slices read once when they start anyway.)
-pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, stats: Arc<RelayStats>, stop: CancellationToken) {
+pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, counters: Arc<RelayCounters>, stop: CancellationToken) {
     if db.backend() != Backend::Postgres {
         return;
     }
@@ -32,7 +32,7 @@ pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, stats: Arc<RelaySta
                     warn!(error = %e, "LISTEN failed; relying on polling for now");
                 } else {
                     debug!("listening for outbox notifications");
-                    stats.listening.store(1, Ordering::Relaxed);
+                    counters.listening.store(1, Ordering::Relaxed);
                     if reconnect {
                         wake.send_modify(|n| *n += 1);
                     }
@@ -44,7 +44,7 @@ pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, stats: Arc<RelaySta
                                 Ok(_) => wake.send_modify(|n| *n += 1),
                                 Err(e) => {
                                     warn!(error = %e, "notification listener failed; reconnecting");
-                                    stats.listening.store(0, Ordering::Relaxed);
+                                    counters.listening.store(0, Ordering::Relaxed);
                                     break;
                                 }
                             }

@@ -18,10 +18,10 @@ pub struct Delivery<'a> {
     pub offset: i64,
 }
 
-/// Claims `key` for `subscription` inside `tx`. `true` means first sight: the
+/// Admits `key` for `subscription` inside `tx`. `true` means first sight: the
 /// caller applies the effect in the same transaction. `false` means the effect
 /// was already applied and must not be applied again.
-pub async fn claim(
+pub async fn admit(
     tx: &mut Tx<'_>,
     subscription: &str,
     key: &EventKey,
@@ -46,7 +46,7 @@ pub async fn claim(
     Ok(done.rows_affected() == 1)
 }
 
-/// One event of a batch to claim.
+/// One event of a batch to admit.
 #[derive(Debug, Clone)]
 pub struct Entry<'a> {
     pub key: &'a EventKey,
@@ -54,10 +54,10 @@ pub struct Entry<'a> {
     pub delivery: Delivery<'a>,
 }
 
-/// Claims many keys for `subscription` inside `tx` and returns those seen for
+/// Admits many keys for `subscription` inside `tx` and returns those seen for
 /// the first time; the caller applies exactly those in the same transaction.
 ///
-/// Entries are claimed in key order so that two transactions claiming
+/// Entries are admitted in key order so that two transactions admitting
 /// overlapping keys (two members of a group during a rebalance handoff) lock
 /// rows in the same order and cannot deadlock each other.
 ///
@@ -65,17 +65,17 @@ pub struct Entry<'a> {
 /// PostgreSQL about half of what `ON CONFLICT` does (speculative insertion
 /// looks the key up twice). So the batch is first inserted plainly behind a
 /// savepoint; only if a key is already there (a redelivery, a rewind, a
-/// competing member) is the savepoint rolled back and the batch claimed with
+/// competing member) is the savepoint rolled back and the batch admitted with
 /// `ON CONFLICT DO NOTHING`, which tells which keys were new.
-pub async fn claim_batch(tx: &mut Tx<'_>, subscription: &str, entries: &[Entry<'_>]) -> Result<HashSet<EventKey>, StoreError> {
+pub async fn admit_batch(tx: &mut Tx<'_>, subscription: &str, entries: &[Entry<'_>]) -> Result<HashSet<EventKey>, StoreError> {
     let mut sorted: Vec<&Entry<'_>> = entries.iter().collect();
     sorted.sort_by(|a, b| a.key.cmp(b.key));
     let now = now_ms();
-    sqlx::query("SAVEPOINT inbox_claim").execute(&mut **tx).await?;
+    sqlx::query("SAVEPOINT inbox_admit").execute(&mut **tx).await?;
     match insert_rows(tx, subscription, &sorted, now, OnConflict::Fail).await {
         Ok(_) => return Ok(sorted.iter().map(|e| e.key.clone()).collect()),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT inbox_claim").execute(&mut **tx).await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT inbox_admit").execute(&mut **tx).await?;
         }
         Err(e) => return Err(e.into()),
     }
@@ -85,9 +85,9 @@ pub async fn claim_batch(tx: &mut Tx<'_>, subscription: &str, entries: &[Entry<'
 
 #[derive(Clone, Copy)]
 enum OnConflict {
-    /// Fail the statement on a key already claimed.
+    /// Fail the statement on a key already admitted.
     Fail,
-    /// Skip keys already claimed and return the ones inserted.
+    /// Skip keys already admitted and return the ones inserted.
     Skip,
 }
 
@@ -184,7 +184,7 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
     Ok(row.try_get("n")?)
 }
 
-/// One record a replay claims on PostgreSQL's native driver.
+/// One record a replay admits on PostgreSQL's native driver.
 #[derive(Debug, Clone, Copy)]
 pub struct PgEntry<'a> {
     pub key: &'a EventKey,
@@ -193,20 +193,20 @@ pub struct PgEntry<'a> {
     pub offset: i64,
 }
 
-/// [`claim_batch`] for a replay on sqlx's native PostgreSQL driver, with
+/// [`admit_batch`] for a replay on sqlx's native PostgreSQL driver, with
 /// array binds: three statements whatever the batch's size. `Any` cannot
 /// bind arrays, and multi-row `VALUES` through it spends most of a replay's
 /// time in the client (BENCHMARKS.md "Rebuild"). Returns (source, id) of
 /// the keys seen for the first time.
-pub async fn claim_batch_pg(
+pub async fn admit_batch_pg(
     conn: &mut sqlx::PgConnection,
     scope: &str,
     topic: &str,
     entries: &[PgEntry<'_>],
 ) -> Result<HashSet<(String, String)>, sqlx::Error> {
     // A replay's scope is new, so conflicts are rare (a resumed batch):
-    // a plain insert behind a savepoint first, as in `claim_batch`.
-    sqlx::query("SAVEPOINT replay_claim").execute(&mut *conn).await?;
+    // a plain insert behind a savepoint first, as in `admit_batch`.
+    sqlx::query("SAVEPOINT replay_admit").execute(&mut *conn).await?;
     match insert_pg(conn, scope, topic, entries, "").await {
         Ok(_) => return Ok(entries.iter().map(|e| (e.key.source.clone(), e.key.id.clone())).collect()),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {

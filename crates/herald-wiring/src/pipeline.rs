@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use herald_api::{AppState, Tokens};
-use herald_consumer::{Metrics, Options as ConsumerOptions, Subscription};
+use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
@@ -18,7 +18,7 @@ use herald_kafka::{KafkaConfig, Topics};
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
 use herald_notify::start::StartAt;
-use herald_relay::{Relay, RelayConfig, RelayStats};
+use herald_relay::{Relay, RelayConfig, RelayCounters};
 use herald_status::{KafkaProbe, Monitor, MonitorConfig};
 use herald_store::Db;
 use tokio::net::TcpListener;
@@ -51,7 +51,7 @@ pub struct Roles {
     pub worker: bool,
     /// The search, stats and notify subscriptions.
     pub subscriptions: bool,
-    /// The notification dispatcher; needs `Options::dispatch`.
+    /// The notification dispatcher; needs `RoleOptions::dispatch`.
     pub dispatcher: bool,
 }
 
@@ -63,7 +63,7 @@ impl Roles {
 
 /// Tunables of the job lifecycle.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct RoleOptions {
     pub policy: LeasePolicy,
     /// Unfinished jobs one caller may have.
     pub quota: i64,
@@ -86,9 +86,9 @@ pub struct Dispatch {
     pub config: DispatcherConfig,
 }
 
-impl Default for Options {
+impl Default for RoleOptions {
     fn default() -> Self {
-        Options {
+        RoleOptions {
             policy: LeasePolicy::default(),
             quota: 1000,
             faults: Hook::none(),
@@ -145,12 +145,12 @@ impl Running {
 /// Starts API, relay, export worker and the search, stats and notify
 /// subscriptions.
 /// (The dispatcher needs a provider, so it is started by `start_roles` with
-/// `Options::dispatch`, as `herald serve` does.)
+/// `RoleOptions::dispatch`, as `herald serve` does.)
 pub async fn start(wiring: Wiring, listen: &str) -> anyhow::Result<Running> {
-    start_roles(wiring, Roles { dispatcher: false, ..Roles::all(listen) }, Options::default()).await
+    start_roles(wiring, Roles { dispatcher: false, ..Roles::all(listen) }, RoleOptions::default()).await
 }
 
-pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyhow::Result<Running> {
+pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> anyhow::Result<Running> {
     if roles.subscriptions {
         // Before any role runs: a refusal is the operator's decision to make,
         // not a role failure discovered later.
@@ -187,7 +187,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: Options) -> anyh
     if roles.relay {
         let relay = Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig { faults: options.faults.clone(), ..RelayConfig::default() })?;
         if let Some(monitor) = &monitor {
-            publish_relay_counters(monitor, relay.stats());
+            publish_relay_counters(monitor, relay.counters());
         }
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
@@ -235,8 +235,8 @@ fn start_monitor(wiring: &Wiring) -> anyhow::Result<Arc<Monitor>> {
 type Field<T> = fn(&T) -> &AtomicU64;
 
 /// The relay's own counters (this process's relay only) as Prometheus counters.
-fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayStats>) {
-    let counters: [(&'static str, Field<RelayStats>); 5] = [
+fn publish_relay_counters(monitor: &Monitor, stats: Arc<RelayCounters>) {
+    let counters: [(&'static str, Field<RelayCounters>); 5] = [
         ("herald_relay_records_sent_total", |s| &s.sent),
         ("herald_relay_rows_delivered_total", |s| &s.delivered),
         ("herald_relay_rows_retried_total", |s| &s.retried),
@@ -268,7 +268,7 @@ fn publish_subscription_counters(monitor: &Monitor, name: &str, metrics: &Arc<Me
 fn spawn_worker_roles(
     tasks: &mut JoinSet<anyhow::Result<()>>,
     wiring: &Wiring,
-    options: &Options,
+    options: &RoleOptions,
     artifacts: ArtifactStore,
     shutdown: &CancellationToken,
 ) {
@@ -302,6 +302,6 @@ async fn subscription(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
-    subscriptions::run_from(name, &wiring.db, &sub, &ConsumerOptions::default(), &metrics, start_at, shutdown).await?;
+    subscriptions::run_from(name, &wiring.db, &sub, &SubscriptionOptions::default(), &metrics, start_at, shutdown).await?;
     Ok(())
 }

@@ -5,7 +5,8 @@
 
 use clap::ValueEnum;
 use herald_consumer::{
-    Discarded, Handler, HandlerError, Live, Metrics, Options, Order, Projection, Record, RedriveOutcome, Snapshot, Subscription,
+    Discarded, Handler, HandlerError, Live, Metrics, MetricsSnapshot, Order, Projection, Record, RedriveOutcome, Subscription,
+    SubscriptionOptions,
 };
 use herald_envelope::Registry;
 use herald_kafka::KafkaConfig;
@@ -56,10 +57,10 @@ pub async fn run(
     name: Name,
     db: &Db,
     sub: &Subscription,
-    options: &Options,
+    options: &SubscriptionOptions,
     metrics: &Metrics,
     shutdown: CancellationToken,
-) -> anyhow::Result<Snapshot> {
+) -> anyhow::Result<MetricsSnapshot> {
     run_from(name, db, sub, options, metrics, None, shutdown).await
 }
 
@@ -70,11 +71,11 @@ pub async fn run_from(
     name: Name,
     db: &Db,
     sub: &Subscription,
-    options: &Options,
+    options: &SubscriptionOptions,
     metrics: &Metrics,
     start_at: Option<StartAt>,
     shutdown: CancellationToken,
-) -> anyhow::Result<Snapshot> {
+) -> anyhow::Result<MetricsSnapshot> {
     match name {
         Name::Notify => prepare_notify(db, sub, start_at).await?,
         // Best effort: without a record a generation counts as needing

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use herald_consumer::{Metrics, Options, Order};
+use herald_consumer::{Metrics, Order, SubscriptionOptions};
 use herald_fault::Spec;
 use herald_kafka::{KafkaConfig, Topics};
 use herald_store::Db;
@@ -70,11 +70,11 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             (db, kafka, topics)
         }
     };
-    let options = Options {
+    let options = SubscriptionOptions {
         max_batch: args.max_batch as usize,
         order: args.order,
         faults: args.fault.clone().map(Spec::hook).unwrap_or_default(),
-        ..Options::default()
+        ..SubscriptionOptions::default()
     };
     let sub = args.subscription.subscription(&args.backends.group_prefix, &kafka, &topics.events);
     let shutdown = CancellationToken::new();

@@ -6,7 +6,7 @@ use clap::Args;
 use herald_export::LeasePolicy;
 use herald_fault::Hook;
 
-use crate::pipeline::Options;
+use crate::pipeline::RoleOptions;
 
 #[derive(Debug, Clone, Args)]
 pub struct LifecycleArgs {
@@ -31,8 +31,8 @@ pub struct LifecycleArgs {
 }
 
 impl LifecycleArgs {
-    pub fn options(&self) -> anyhow::Result<Options> {
-        Ok(Options {
+    pub fn options(&self) -> anyhow::Result<RoleOptions> {
+        Ok(RoleOptions {
             policy: LeasePolicy {
                 lease: Duration::from_millis(self.lease_ms),
                 dispatch_timeout: Duration::from_millis(self.dispatch_timeout_ms),

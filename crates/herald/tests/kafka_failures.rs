@@ -20,7 +20,7 @@ use herald_envelope::OutboxEvent;
 use herald_fault::{Action, Hook, Point};
 use herald_kafka::KafkaConfig;
 use herald_kafka::TopicSettings;
-use herald_relay::{Relay, RelayConfig, RelayStats};
+use herald_relay::{Relay, RelayConfig, RelayCounters};
 use herald_store::{Db, outbox};
 use herald_testkit::kafka::{Record, first_occurrences_by_key, read_all};
 use herald_testkit::wait_until;
@@ -83,7 +83,7 @@ async fn write(db: Db, topic: String, events: Option<usize>, stop: CancellationT
 }
 
 struct RunningRelay {
-    stats: Arc<RelayStats>,
+    stats: Arc<RelayCounters>,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -101,7 +101,7 @@ fn start_relay(db: Db, brokers: &str, owner: &str, faults: Hook) -> anyhow::Resu
     }
     .with_lease(Duration::from_secs(3));
     let relay = Relay::new(db, &KafkaConfig::new(brokers), config)?;
-    let stats = relay.stats();
+    let stats = relay.counters();
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move { relay.run(token).await });

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use herald::pipeline::{self, Dispatch, Options, Roles, Wiring};
+use herald::pipeline::{self, Dispatch, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{ExportWorker, Outcome};
@@ -99,7 +99,7 @@ async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<(
         tokens: Tokens::single("t", "alice"),
     };
     let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };
-    let options = Options { faults: faults.clone(), dispatch: Some(dispatch()?), ..Options::default() };
+    let options = RoleOptions { faults: faults.clone(), dispatch: Some(dispatch()?), ..RoleOptions::default() };
     let running = pipeline::start_roles(wiring, roles, options).await?;
     let second = dispatch()?;
     let second_dispatcher = Dispatcher::new(db.clone(), second.client, second.config, Hook::none());

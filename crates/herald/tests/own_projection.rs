@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use herald::bench::workload;
-use herald_consumer::{Fingerprint, HandlerError, Live, Metrics, Options, Projection, Subscription};
+use herald_consumer::{Fingerprint, HandlerError, Live, Metrics, Projection, Subscription, SubscriptionOptions};
 use herald_envelope::{DecodedEvent, EventData, ExportCompleted};
 use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
@@ -94,7 +94,15 @@ async fn own_projection_rebuilds(test_db: TestDb) -> anyhow::Result<()> {
     let live = {
         let (db, sub, stop, topic) = (db.clone(), sub.clone(), stop.clone(), topics.events.clone());
         tokio::spawn(async move {
-            herald_consumer::run_subscription(&sub, &db, &Live::new(ByFormat, &topic), &Options::default(), &Metrics::default(), stop).await
+            herald_consumer::run_subscription(
+                &sub,
+                &db,
+                &Live::new(ByFormat, &topic),
+                &SubscriptionOptions::default(),
+                &Metrics::default(),
+                stop,
+            )
+            .await
         })
     };
     let producer = workload::producer(&KafkaConfig::new(&brokers))?;

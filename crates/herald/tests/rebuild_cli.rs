@@ -5,7 +5,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use herald::pipeline::{self, Options, Roles, Wiring};
+use herald::pipeline::{self, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
@@ -37,7 +37,7 @@ async fn killed_rebuild_resumes_to_the_same_generation() -> anyhow::Result<()> {
         tokens: Tokens::single("t", "alice"),
     };
     let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: false };
-    let running = pipeline::start_roles(wiring.clone(), roles, Options::default()).await?;
+    let running = pipeline::start_roles(wiring.clone(), roles, RoleOptions::default()).await?;
     let intake = IntakeConfig::new(topics.clone());
     for i in 0..EXPORTS {
         let request = ExportRequest { format: Format::Csv, query: format!("kill {i}") };

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald::bench::workload;
-use herald::pipeline::{self, Options, Roles, Wiring};
+use herald::pipeline::{self, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_envelope::OutboxEvent;
 use herald_kafka::KafkaConfig;
@@ -67,7 +67,7 @@ async fn bed(test_db: TestDb, partitions: i32) -> anyhow::Result<Bed> {
 impl Bed {
     fn subscriptions(&self) -> impl std::future::Future<Output = anyhow::Result<pipeline::Running>> {
         let roles = Roles { api: None, relay: false, worker: false, subscriptions: true, dispatcher: false };
-        pipeline::start_roles(self.wiring.clone(), roles, Options::default())
+        pipeline::start_roles(self.wiring.clone(), roles, RoleOptions::default())
     }
 
     fn options(&self) -> RebuildOptions {

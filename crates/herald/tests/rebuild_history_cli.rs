@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use herald::bench::workload;
-use herald::pipeline::{self, Options, Roles, Wiring};
+use herald::pipeline::{self, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
@@ -77,7 +77,7 @@ async fn truncated_history_is_refused_and_a_snapshot_covers_it() -> anyhow::Resu
         tokens: Tokens::single("t", "alice"),
     };
     let roles = Roles { api: None, relay: false, worker: false, subscriptions: true, dispatcher: false };
-    let running = pipeline::start_roles(wiring.clone(), roles, Options::default()).await?;
+    let running = pipeline::start_roles(wiring.clone(), roles, RoleOptions::default()).await?;
     let live_group = format!("{}.search", wiring.group_prefix);
     let producer = workload::producer(&KafkaConfig::new(&brokers))?;
     let run = unique("run");

@@ -8,7 +8,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use herald::pipeline::{self, Options, Roles, Wiring};
+use herald::pipeline::{self, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_export::artifact::ArtifactStore;
 use herald_export::{ExportRequest, Format, IntakeConfig, LeasePolicy, jobs};
@@ -43,7 +43,7 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
     let relay = pipeline::start_roles(
         wiring.clone(),
         Roles { api: None, relay: true, worker: false, subscriptions: false, dispatcher: false },
-        Options::default(),
+        RoleOptions::default(),
     )
     .await?;
 
@@ -79,10 +79,10 @@ async fn crash_and_takeover(test_db: TestDb) -> anyhow::Result<()> {
     assert_eq!((before.status.as_str(), before.generation), ("running", 1), "the killed attempt still holds the job");
 
     // Recovery: scanner + worker in this process, same consumer group.
-    let options = Options {
+    let options = RoleOptions {
         policy: LeasePolicy { lease: Duration::from_millis(LEASE_MS), ..LeasePolicy::default() },
         scan_interval: Duration::from_millis(100),
-        ..Options::default()
+        ..RoleOptions::default()
     };
     let recovery =
         pipeline::start_roles(wiring, Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false }, options)

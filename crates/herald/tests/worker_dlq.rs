@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use herald::bench::workload;
-use herald::pipeline::{self, Options, Roles, Running, Wiring};
+use herald::pipeline::{self, RoleOptions, Roles, Running, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_fault::{Action, Hook, Point};
@@ -73,7 +73,7 @@ impl Bed {
 
     async fn start(&self, db: &Db, relay: bool, worker: bool, faults: Hook) -> anyhow::Result<Running> {
         let roles = Roles { api: None, relay, worker, subscriptions: false, dispatcher: false };
-        pipeline::start_roles(self.wiring(db), roles, Options { faults, ..Options::default() }).await
+        pipeline::start_roles(self.wiring(db), roles, RoleOptions { faults, ..RoleOptions::default() }).await
     }
 
     async fn submit(&self, key: &str, query: &str) -> anyhow::Result<String> {

@@ -11,7 +11,7 @@ use herald_fault::Hook;
 use herald_kafka::EmbeddedKafka;
 use herald_kafka::KafkaConfig;
 pub use herald_relay::RelayConfig;
-use herald_relay::{Relay, RelayStats};
+use herald_relay::{Relay, RelayCounters};
 use herald_store::{Db, outbox};
 use herald_testkit::TestDb;
 use herald_testkit::kafka::{self, Record};
@@ -55,7 +55,7 @@ pub fn with_faults(config: RelayConfig, faults: Hook) -> RelayConfig {
 }
 
 pub struct Running {
-    pub stats: std::sync::Arc<RelayStats>,
+    pub stats: std::sync::Arc<RelayCounters>,
     pub stop: CancellationToken,
     pub task: JoinHandle<()>,
 }
@@ -109,7 +109,7 @@ impl Bench {
     /// A relay on its own pool, as another process would have.
     pub fn start_on(&self, db: Db, config: RelayConfig) -> anyhow::Result<Running> {
         let relay = Relay::new(db, &KafkaConfig::new(self.kafka.bootstrap_servers()), config)?;
-        let stats = relay.stats();
+        let stats = relay.counters();
         let stop = CancellationToken::new();
         let token = stop.clone();
         let task = tokio::spawn(async move { relay.run(token).await });
@@ -151,5 +151,5 @@ where
 }
 
 pub fn stat(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    RelayStats::get(counter)
+    RelayCounters::get(counter)
 }

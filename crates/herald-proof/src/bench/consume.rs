@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use herald_consumer::{Metrics, Options, Subscription};
+use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::{ExportCompleted, OutboxEvent};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_projections::search::{self, Search};
@@ -201,11 +201,11 @@ async fn raw_insert_stream(db: &Db, events: &[OutboxEvent], docs: &[ExportComple
 /// `total` events (this round's and the earlier rounds').
 async fn herald_consume(db: &Db, kafka: &KafkaConfig, topic: &str, total: usize, args: &ConsumeBenchArgs) -> anyhow::Result<f64> {
     let sub = Subscription::new(search::SUBSCRIPTION, &format!("bench-{}", uuid::Uuid::new_v4()), kafka, &[topic]);
-    let options = Options {
+    let options = SubscriptionOptions {
         max_batch: args.batch as usize,
         lanes: args.lanes as usize,
         batches_per_poll: args.batches_per_poll as usize,
-        ..Options::default()
+        ..SubscriptionOptions::default()
     };
     let eps = timed_search_subscription(db, &sub, options, args.events as usize, Duration::from_secs(600)).await?;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
@@ -221,7 +221,7 @@ async fn herald_consume(db: &Db, kafka: &KafkaConfig, topic: &str, total: usize,
 pub(super) async fn timed_search_subscription(
     db: &Db,
     sub: &Subscription,
-    options: Options,
+    options: SubscriptionOptions,
     n: usize,
     limit: Duration,
 ) -> anyhow::Result<f64> {
@@ -243,7 +243,7 @@ pub(super) async fn timed_search_subscription(
             async { herald_fault::Action::Continue }
         })
     };
-    let options = Options { faults: hook, ..options };
+    let options = SubscriptionOptions { faults: hook, ..options };
     let handler = herald_wiring::subscriptions::live(Search, sub);
     let running = herald_consumer::run_subscription(sub, db, &handler, &options, &metrics, done);
     tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;

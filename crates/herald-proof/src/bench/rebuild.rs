@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use clap::Args;
-use herald_consumer::{Options, Subscription};
+use herald_consumer::{Subscription, SubscriptionOptions};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_projections::search;
@@ -129,7 +129,7 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
 /// it applied all `n` events; timed from its first commit to its last.
 async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
     let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, kafka, &[topic]);
-    let eps = timed_search_subscription(db, &sub, Options::default(), n, Duration::from_secs(3600)).await?;
+    let eps = timed_search_subscription(db, &sub, SubscriptionOptions::default(), n, Duration::from_secs(3600)).await?;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
     anyhow::ensure!(applied == n as i64, "live inbox holds {applied} events, expected {n}");
     Ok(eps)

@@ -18,7 +18,7 @@ use clap::Args;
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald_envelope::OutboxEvent;
 use herald_kafka::{EmbeddedKafka, KafkaConfig};
-use herald_relay::{Relay, RelayConfig, RelayStats};
+use herald_relay::{Relay, RelayConfig, RelayCounters};
 use herald_store::{Backend, Db, outbox};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
@@ -193,7 +193,7 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
 async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     insert(db, events).await?;
     let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
-    let stats = relay.stats();
+    let stats = relay.counters();
     let shutdown = CancellationToken::new();
     let started = Instant::now();
     let task = {
@@ -202,8 +202,8 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> a
     };
     let want = events.len() as u64;
     let deadline = started + Duration::from_secs(600);
-    while RelayStats::get(&stats.delivered) < want {
-        anyhow::ensure!(Instant::now() < deadline, "relay delivered {} of {want}", RelayStats::get(&stats.delivered));
+    while RelayCounters::get(&stats.delivered) < want {
+        anyhow::ensure!(Instant::now() < deadline, "relay delivered {} of {want}", RelayCounters::get(&stats.delivered));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let secs = started.elapsed().as_secs_f64();
@@ -211,7 +211,7 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> a
     task.await?;
     let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
     anyhow::ensure!(delivered == want as i64, "{delivered} rows marked delivered, expected {want}");
-    let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayStats::get(c) as f64);
+    let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayCounters::get(c) as f64);
     let total: f64 = phases.iter().sum::<f64>().max(1.0);
     Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
 }

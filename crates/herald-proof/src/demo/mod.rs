@@ -23,7 +23,7 @@ use herald_notify::provider::ProviderClient;
 use herald_notify::rules::RetryPolicy;
 
 use client::DemoClient;
-use herald_wiring::pipeline::{self, Dispatch, Options, Roles};
+use herald_wiring::pipeline::{self, Dispatch, RoleOptions, Roles};
 use report::{Check, Counts};
 
 #[derive(Debug, Clone, Args)]
@@ -70,11 +70,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         policy: RetryPolicy { base_backoff: Duration::from_millis(100), ..RetryPolicy::default() },
         ..DispatcherConfig::new(provider.caps)
     };
-    let options = Options {
+    let options = RoleOptions {
         policy: LeasePolicy { lease: Duration::from_secs(1), ..LeasePolicy::default() },
         scan_interval: Duration::from_millis(200),
         dispatch: Some(Dispatch { client: notify_client, config: notify_config }),
-        ..Options::default()
+        ..RoleOptions::default()
     };
     let core_roles = Roles { api: Some("127.0.0.1:0".into()), relay: true, worker: false, subscriptions: true, dispatcher: true };
     let running = pipeline::start_roles(env.wiring.clone(), core_roles, options.clone()).await?;
@@ -82,7 +82,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let mut workers = Vec::new();
     for faults in hooks {
         let worker_roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
-        workers.push(Some(pipeline::start_roles(env.wiring.clone(), worker_roles, Options { faults, ..options.clone() }).await?));
+        workers.push(Some(pipeline::start_roles(env.wiring.clone(), worker_roles, RoleOptions { faults, ..options.clone() }).await?));
     }
     let client = DemoClient::new(running.api_addr.context("demo runs the API")?, token);
     let started = Instant::now();

@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use herald::pipeline::{self, Dispatch, Options, Roles, Running, Wiring};
+use herald::pipeline::{self, Dispatch, RoleOptions, Roles, Running, Wiring};
 use herald_api::Tokens;
 use herald_export::{ExportRequest, Format, IntakeConfig, jobs};
 use herald_kafka::KafkaConfig;
@@ -135,7 +135,7 @@ impl Pipeline {
             },
         };
         let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };
-        let running = pipeline::start_roles(wiring, roles, Options { dispatch: Some(dispatch), ..Options::default() }).await?;
+        let running = pipeline::start_roles(wiring, roles, RoleOptions { dispatch: Some(dispatch), ..RoleOptions::default() }).await?;
         Ok(Pipeline { db, topics: topics.clone(), provider, sim_stop, running })
     }
 

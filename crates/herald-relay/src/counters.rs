@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 #[derive(Debug, Default)]
-pub struct RelayStats {
+pub struct RelayCounters {
     /// Records handed to the producer (including republishes).
     pub sent: AtomicU64,
     /// Rows whose `delivered` status this relay recorded.
@@ -30,7 +30,7 @@ pub struct RelayStats {
     pub record_us: AtomicU64,
 }
 
-impl RelayStats {
+impl RelayCounters {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
