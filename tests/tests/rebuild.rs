@@ -110,7 +110,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
         dry_run: false,
         batch: 7,
         from_snapshot: None,
-        before_open: None,
+        faults: herald_fault::Hook::none(),
     };
     let report = rebuild::rebuild(&stack.db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.previous_active, report.state.as_str(), report.switched), (2, 1, "active", true), "{report:?}");

@@ -36,10 +36,13 @@ pub enum Point {
     AfterCommit,
     /// Dispatcher: the provider answered, the answer is not recorded.
     AfterProviderResponse,
+    /// Rebuild: the topic's ends were read, the new generation is not open
+    /// (the window in which records applied live could be lost to it).
+    BeforeOpen,
 }
 
 impl Point {
-    pub const ALL: [Point; 8] = [
+    pub const ALL: [Point; 9] = [
         Point::IntakeChecked,
         Point::AfterJobInsert,
         Point::BeforeStart,
@@ -48,6 +51,7 @@ impl Point {
         Point::BeforeProgress,
         Point::AfterCommit,
         Point::AfterProviderResponse,
+        Point::BeforeOpen,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +64,7 @@ impl Point {
             Point::BeforeProgress => "before-progress",
             Point::AfterCommit => "after-commit",
             Point::AfterProviderResponse => "after-provider-response",
+            Point::BeforeOpen => "before-open",
         }
     }
 
@@ -70,7 +75,7 @@ impl Point {
     /// Whether failing here means anything: after a commit or a provider's
     /// answer there is nothing left to fail, only a window to stop in.
     pub fn can_fail(self) -> bool {
-        !matches!(self, Point::AfterCommit | Point::AfterProviderResponse)
+        !matches!(self, Point::AfterCommit | Point::AfterProviderResponse | Point::BeforeOpen)
     }
 }
 
@@ -100,6 +105,7 @@ impl fmt::Display for Site {
             Point::BeforeProgress => write!(f, "slice={} rows={}", self.subject, self.n),
             Point::AfterCommit => write!(f, "subscription={} batch={}", self.subject, self.n),
             Point::AfterProviderResponse => write!(f, "key={}", self.subject),
+            Point::BeforeOpen => write!(f, "projection={} generation={}", self.subject, self.n),
         }
     }
 }

@@ -35,4 +35,4 @@ pub use herald_consumer::replay;
 pub use herald_consumer::{Fingerprint, Projection};
 pub use herald_projections::search::Search;
 pub use herald_projections::stats::Stats;
-pub use rebuild::{FaultPoint, Progress, RebuildOptions, RebuildReport, SwitchMode};
+pub use rebuild::{Progress, RebuildOptions, RebuildReport, SwitchMode};

@@ -2,12 +2,9 @@
 //! resume it), replay to the boundary, verify, and switch reads — or stop
 //! at `ready`.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
-
 use herald_consumer::Projection;
 use herald_consumer::replay::{self, ReplayProgress};
+use herald_fault::{Hook, Point};
 use herald_kafka::{KafkaConfig, offsets};
 use herald_projections::search::DocumentRow;
 use herald_store::Db;
@@ -43,32 +40,9 @@ pub struct RebuildOptions {
     /// Start from this snapshot (`herald snapshot search`) instead of the
     /// earliest retained records.
     pub from_snapshot: Option<std::path::PathBuf>,
-    /// Fault-injection point, `None` in production: runs after the topic's
-    /// ends were read and before the generation opens — the window in which
-    /// records appended and applied live used to be lost to a rebuild.
-    pub before_open: Option<FaultPoint>,
-}
-
-type Hook = dyn Fn() -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
-
-/// A test's code at a point of the rebuild.
-#[derive(Clone)]
-pub struct FaultPoint(Arc<Hook>);
-
-impl FaultPoint {
-    pub fn new<F, Fut>(hook: F) -> FaultPoint
-    where
-        F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        FaultPoint(Arc::new(move || Box::pin(hook())))
-    }
-}
-
-impl std::fmt::Debug for FaultPoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FaultPoint")
-    }
+    /// Fault hook, none in production: called at `before-open`, after the
+    /// topic's ends were read and before the generation opens.
+    pub faults: Hook,
 }
 
 impl Default for RebuildOptions {
@@ -81,7 +55,7 @@ impl Default for RebuildOptions {
             dry_run: false,
             batch: replay::DEFAULT_BATCH,
             from_snapshot: None,
-            before_open: None,
+            faults: Hook::none(),
         }
     }
 }
@@ -222,9 +196,8 @@ async fn open<P: Projection>(db: &Db, options: &RebuildOptions, previous_active:
             .collect();
         return Ok(Opened::Planned(planned));
     }
-    if let Some(hook) = &options.before_open {
-        (hook.0)().await;
-    }
+    // Only a wait makes sense here: nothing is written yet to fail.
+    options.faults.at(Point::BeforeOpen, P::NAME, 0).await;
     let (generation, positions) = generations::open_next(db, P::NAME, &options.topic, &starts, boundary, &documents).await?;
     info!(projection = P::NAME, generation = generation.generation, ?positions, mode = boundary.mode(), "generation opened");
     Ok(Opened::Generation(generation))

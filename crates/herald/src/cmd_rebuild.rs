@@ -172,7 +172,7 @@ async fn build_generation<P: Projection>(
         dry_run: build.dry_run,
         batch: build.batch,
         from_snapshot,
-        before_open: None,
+        faults: herald_fault::Hook::none(),
     };
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();

@@ -20,11 +20,12 @@ use herald::bench::workload;
 use herald::pipeline::{self, RoleOptions, Roles, Wiring};
 use herald_api::Tokens;
 use herald_envelope::OutboxEvent;
+use herald_fault::{Action, Hook, Point};
 use herald_kafka::KafkaConfig;
 use herald_kafka::Topics;
 use herald_projections::{search, stats};
 use herald_rebuild::replay::ReplayProgress;
-use herald_rebuild::{FaultPoint, Progress, Projection, RebuildOptions, RebuildReport, Search, Stats, verify};
+use herald_rebuild::{Progress, Projection, RebuildOptions, RebuildReport, Search, Stats, verify};
 use herald_store::Db;
 use herald_testkit::{TestDb, unique, wait_until};
 use rdkafka::producer::FutureProducer;
@@ -115,14 +116,17 @@ async fn window_is_closed(test_db: TestDb) -> anyhow::Result<()> {
         let inside = bed.clone();
         let events: Vec<OutboxEvent> = all[appended.clone()].to_vec();
         let mut options = bed.options();
-        options.before_open = Some(FaultPoint::new(move || {
+        options.faults = Hook::new(move |site| {
             let (bed, events) = (inside.clone(), events.clone());
             async move {
-                workload::publish(&bed.producer, &events).await.expect("publish inside the window");
-                let n = i64::try_from(appended_end(&events, &bed.run)).expect("small");
-                bed.wait_live(n, n).await.expect("live applies the window's records");
+                if site.point == Point::BeforeOpen {
+                    workload::publish(&bed.producer, &events).await.expect("publish inside the window");
+                    let n = i64::try_from(appended_end(&events, &bed.run)).expect("small");
+                    bed.wait_live(n, n).await.expect("live applies the window's records");
+                }
+                Action::Continue
             }
-        }));
+        });
         let report = match projection {
             "search" => bed.rebuild(&Search, &options).await?,
             _ => bed.rebuild(&Stats, &options).await?,
