@@ -20,7 +20,7 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio_util::sync::CancellationToken;
 
-const KEY: &str = "ntf_seed003";
+const KEY: &str = "ntf_lost_ack";
 const BODY: &str = r#"{"job_id":"j1","text":"your export is ready"}"#;
 
 struct Proc {

@@ -74,7 +74,7 @@ async fn settle(db: &Db, job_id: &str) -> anyhow::Result<()> {
 
 async fn two_entry_points_one_notification(backend: Backend) -> anyhow::Result<()> {
     let (_test_db, db) = database(backend).await?;
-    let topics = Topics::with_prefix(&unique("seed000"));
+    let topics = Topics::with_prefix(&unique("two-entries"));
     let kafka = EmbeddedKafka::start(1, &topics.all(), 2)?;
     let dir = tempfile::tempdir()?;
     let artifacts = dir.path().join("artifacts").display().to_string();

@@ -2,7 +2,7 @@
 //! ledger, used to prove where duplicates come from. Keyed mode honours
 //! `Idempotency-Key` (same key and body replays the stored result; same key,
 //! other body answers 409 and keeps the old effect); unkeyed mode executes
-//! every request. Fault switches reproduce the windows of seed 003: the
+//! every request. Fault switches reproduce the lost-acknowledgement windows: the
 //! answer lost after the commit, the process dying after the commit,
 //! connections refused, and calls held until released. Slow mode ([`slow`])
 //! answers around the caller's timeout and sometimes drops the connection
