@@ -60,6 +60,12 @@ async fn bed(test_db: TestDb) -> anyhow::Result<Bed> {
 }
 
 impl Bed {
+    /// A command record that does not decode.
+    async fn publish_garbage(&self) -> anyhow::Result<()> {
+        let producer = workload::producer(&KafkaConfig::new(self.kafka.bootstrap_servers()))?;
+        workload::publish_raw(&producer, &self.topics.commands, "garbage", GARBAGE, None).await
+    }
+
     fn wiring(&self, db: &Db) -> Wiring {
         Wiring {
             db: db.clone(),
@@ -174,14 +180,7 @@ async fn poison_commands_are_dead_lettered_and_redriven(test_db: TestDb) -> anyh
     bed.refuse_poison().await?;
     let running = bed.start(&bed.db, true, true, Hook::none()).await?;
     let consumed = async {
-        workload::publish_raw(
-            &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
-            &bed.topics.commands,
-            "garbage",
-            GARBAGE,
-            None,
-        )
-        .await?;
+        bed.publish_garbage().await?;
         let poison = bed.submit("k-poison", "poison").await?;
         eventually("two dead letters", Duration::from_secs(60), || async { Ok(dead(&bed.db).await? == 2) }).await?;
         // Behind both poison records on the one partition.
@@ -267,14 +266,7 @@ async fn redriving_a_worker_letter_without_the_artifact_store_exits_2() -> anyho
     let bed = bed(herald_testkit::sqlite_db()?).await?;
     let running = bed.start(&bed.db, false, true, Hook::none()).await?;
     let parked = async {
-        workload::publish_raw(
-            &workload::producer(&KafkaConfig::new(bed.kafka.bootstrap_servers()))?,
-            &bed.topics.commands,
-            "garbage",
-            GARBAGE,
-            None,
-        )
-        .await?;
+        bed.publish_garbage().await?;
         eventually("the garbage letter", Duration::from_secs(60), || async { Ok(dead(&bed.db).await? == 1) }).await
     }
     .await;
