@@ -7,7 +7,7 @@
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald::bench::workload;
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
@@ -123,7 +123,10 @@ impl ConsumeProcess {
     }
 
     async fn wait_line(&self, needle: &str) -> anyhow::Result<()> {
-        eventually(&format!("`{needle}` on stderr"), || async { Ok(self.lines().iter().any(|l| l.contains(needle))) }).await
+        herald_testkit::wait_until(&format!("`{needle}` on stderr"), PATIENCE, || async {
+            Ok(self.lines().iter().any(|l| l.contains(needle)))
+        })
+        .await
     }
 
     /// SIGTERM, then the one-line JSON summary it prints on the way out.
@@ -153,19 +156,6 @@ impl ConsumeProcess {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, mut probe: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !probe().await? {
-        anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
 async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
     Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
 }
@@ -192,7 +182,7 @@ async fn sigkill_between_commit_and_offsets(database: Database) -> anyhow::Resul
     assert_eq!(stats_total(&bed.db).await?, applied, "effects and inbox rows committed together");
 
     let second = bed.consume("stats", None)?;
-    eventually("stats to apply all 60", || async { Ok(inbox::count(&bed.db, "stats").await? == 60) }).await?;
+    herald_testkit::wait_until("stats to apply all 60", PATIENCE, || async { Ok(inbox::count(&bed.db, "stats").await? == 60) }).await?;
     let summary = second.terminate().await?;
     assert_eq!(
         summary["duplicates"],
@@ -220,14 +210,17 @@ async fn two_processes_share_partitions(database: Database) -> anyhow::Result<()
     let bed = bed(database).await?;
     let a = bed.consume("search", None)?;
     let b = bed.consume("search", None)?;
-    eventually("both processes to hold partitions", || async {
+    herald_testkit::wait_until("both processes to hold partitions", PATIENCE, || async {
         let (pa, pb) = (a.assignment(), b.assignment());
         let disjoint = pa.iter().all(|p| !pb.contains(p));
         Ok(!pa.is_empty() && !pb.is_empty() && disjoint && pa.len() + pb.len() == PARTITIONS as usize)
     })
     .await?;
     bed.publish(0, 200).await?;
-    eventually("200 search documents", || async { Ok(count(&bed.db, "SELECT COUNT(*) AS n FROM search_documents").await? == 200) }).await?;
+    herald_testkit::wait_until("200 search documents", PATIENCE, || async {
+        Ok(count(&bed.db, "SELECT COUNT(*) AS n FROM search_documents").await? == 200)
+    })
+    .await?;
     let (sa, sb) = (a.terminate().await?, b.terminate().await?);
     let (na, nb) = (sa["applied"].as_i64().unwrap_or(0), sb["applied"].as_i64().unwrap_or(0));
     assert!(na > 0 && nb > 0, "both applied a share: {sa} {sb}");
@@ -263,7 +256,7 @@ async fn dlq_cli_lists_redrives_and_refuses_bad_input() -> anyhow::Result<()> {
     bed.publish(2, 3).await?;
 
     let consumer = bed.consume("search", None)?;
-    eventually("2 dead letters and 3 documents", || async {
+    herald_testkit::wait_until("2 dead letters and 3 documents", PATIENCE, || async {
         Ok(dead_letter::count(&bed.db, "search", dead_letter::DEAD).await? == 2 && inbox::count(&bed.db, "search").await? == 3)
     })
     .await?;
@@ -318,3 +311,6 @@ async fn dlq_cli_lists_redrives_and_refuses_bad_input() -> anyhow::Result<()> {
     assert_eq!(inbox::count(&bed.db, "search").await?, 4, "rows younger than the retention stay");
     Ok(())
 }
+
+/// How long a test here waits for an eventual outcome.
+const PATIENCE: Duration = Duration::from_secs(120);

@@ -5,7 +5,7 @@
 //! them; bad input exits 2. The mock cluster is hosted by this test process.
 
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use herald::bench::workload;
 use herald_envelope::OutboxEvent;
@@ -61,19 +61,6 @@ impl Bed {
     }
 }
 
-async fn eventually<F, Fut>(what: &str, mut probe: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !probe().await? {
-        anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
-}
-
 /// The defect the fix removes: the search table refuses one query text.
 async fn defect(db: &Db, install: bool) -> anyhow::Result<()> {
     let statements: &[&str] = match (db.backend(), install) {
@@ -122,7 +109,7 @@ async fn parked_behind_poison_then_settled(test_db: TestDb, settle: Settle) -> a
     }
 
     let mut consumer = bed.consume("per-key")?;
-    eventually("the poison dead, its key's three parked, the others applied", || async {
+    herald_testkit::wait_until("the poison dead, its key's three parked, the others applied", PATIENCE, || async {
         Ok(dead_letter::count(&bed.db, "search", dead_letter::DEAD).await? == 1
             && parked::summary(&bed.db, "search", 5).await?.records == 3
             && inbox::count(&bed.db, "search").await? == 4)
@@ -177,7 +164,7 @@ async fn parked_behind_poison_then_settled(test_db: TestDb, settle: Settle) -> a
     let mut next = workload::completions(&bed.topics.events, &run, 9)?.split_off(8);
     next[0].partition_key = KEY.into();
     workload::publish(&producer, &next).await?;
-    eventually("the key's next record applied", || async { Ok(bed.documents().await? == documents + 1) }).await?;
+    herald_testkit::wait_until("the key's next record applied", PATIENCE, || async { Ok(bed.documents().await? == documents + 1) }).await?;
 
     let pid = consumer.id().expect("running").to_string();
     anyhow::ensure!(Command::new("kill").args(["-TERM", &pid]).status().await?.success(), "kill -TERM failed");
@@ -198,3 +185,6 @@ async fn per_key_parking_redrive_postgres() -> anyhow::Result<()> {
 async fn per_key_parking_discard_sqlite() -> anyhow::Result<()> {
     parked_behind_poison_then_settled(herald_testkit::sqlite_db()?, Settle::Discard).await
 }
+
+/// How long a test here waits for an eventual outcome.
+const PATIENCE: Duration = Duration::from_secs(120);
