@@ -7,13 +7,52 @@
 //! others. The delivery settings on top of it are Herald's promises, fixed
 //! per kind of client.
 
+use std::fmt;
+
+use herald_secret::{Secret, is_sensitive_key};
 use rdkafka::ClientConfig;
 
-/// How to reach the cluster; cheap to clone, handed to every role.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to reach the cluster; cheap to clone, handed to every role. Its
+/// `Debug` shows secret settings (`sasl.password`, …) as `***`.
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
     brokers: String,
-    connection: Vec<(String, String)>,
+    connection: Vec<(String, Setting)>,
+}
+
+/// A connection setting's value, held as a [`Secret`] when its key says it
+/// is one, so no `Debug` or log line of a configuration can show it.
+#[derive(Clone, PartialEq, Eq)]
+enum Setting {
+    Plain(String),
+    Secret(Secret),
+}
+
+impl Setting {
+    fn new(key: &str, value: String) -> Setting {
+        if is_sensitive_key(key) { Setting::Secret(Secret::new(value)) } else { Setting::Plain(value) }
+    }
+
+    fn expose(&self) -> &str {
+        match self {
+            Setting::Plain(value) => value,
+            Setting::Secret(secret) => secret.expose(),
+        }
+    }
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = f.debug_struct("KafkaConfig");
+        out.field("brokers", &self.brokers);
+        for (key, value) in &self.connection {
+            match value {
+                Setting::Plain(value) => out.field(key, value),
+                Setting::Secret(secret) => out.field(key, secret),
+            };
+        }
+        out.finish()
+    }
 }
 
 impl KafkaConfig {
@@ -25,25 +64,35 @@ impl KafkaConfig {
     /// A later value for the same key replaces an earlier one.
     pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> KafkaConfig {
         let key = key.into();
+        let value = Setting::new(&key, value.into());
         self.connection.retain(|(k, _)| *k != key);
-        self.connection.push((key, value.into()));
+        self.connection.push((key, value));
         self
+    }
+
+    /// [`KafkaConfig::with`] for a value that arrives as a [`Secret`].
+    pub fn with_secret(self, key: impl Into<String>, value: &Secret) -> KafkaConfig {
+        let mut config = self.with(key, "");
+        if let Some((_, setting)) = config.connection.last_mut() {
+            *setting = Setting::Secret(value.clone());
+        }
+        config
     }
 
     pub fn brokers(&self) -> &str {
         &self.brokers
     }
 
-    /// The connection properties given with [`KafkaConfig::with`], in order.
-    pub fn connection(&self) -> &[(String, String)] {
-        &self.connection
+    /// The value of a connection property given with [`KafkaConfig::with`].
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.connection.iter().find(|(k, _)| k == key).map(|(_, value)| value.expose())
     }
 
     fn base(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
         for (key, value) in &self.connection {
-            config.set(key, value);
+            config.set(key, value.expose());
         }
         config
     }
@@ -132,7 +181,23 @@ mod tests {
     #[test]
     fn a_later_connection_setting_replaces_an_earlier_one() {
         let kafka = KafkaConfig::new("b").with("client.id", "a").with("client.id", "b");
-        assert_eq!(kafka.connection(), &[("client.id".to_owned(), "b".to_owned())]);
+        assert_eq!(kafka.get("client.id"), Some("b"));
+        assert_eq!(kafka.connection.len(), 1);
+    }
+
+    #[test]
+    fn secret_settings_reach_the_client_but_not_debug() {
+        let kafka = KafkaConfig::new("b")
+            .with("sasl.username", "herald")
+            .with("sasl.password", "hunter2")
+            .with_secret("ssl.key.password", &Secret::new("p4ss"));
+        let shown = format!("{kafka:?}");
+        assert!(!shown.contains("hunter2") && !shown.contains("p4ss"), "{shown}");
+        assert!(shown.contains("herald"), "{shown}");
+        for config in kinds(&kafka) {
+            assert_eq!(config.get("sasl.password"), Some("hunter2"));
+            assert_eq!(config.get("ssl.key.password"), Some("p4ss"));
+        }
     }
 
     #[test]

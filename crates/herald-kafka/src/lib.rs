@@ -9,11 +9,13 @@
 //! only after the effect of the record committed in the database).
 
 mod config;
+mod connect;
 mod embedded;
 pub mod offsets;
 mod topics;
 
 pub use config::KafkaConfig;
+pub use connect::{ConnectError, check_connection};
 pub use embedded::EmbeddedKafka;
 pub use topics::{Replication, TopicError, TopicSettings, ensure_topics};
 

@@ -6,30 +6,31 @@ use std::future::Future;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use herald_secret::SecretUrl;
 use sqlx::{Connection, Executor, PgConnection};
 
 pub struct ScratchDb {
-    /// The new database's URL.
-    pub url: String,
-    server: String,
+    /// The new database's URL (the server's, password included).
+    pub url: SecretUrl,
+    server: SecretUrl,
     name: String,
 }
 
 impl ScratchDb {
     /// Creates `<prefix>_<uuid>` on the server of `server` (a PostgreSQL URL).
-    pub async fn create(server: &str, prefix: &str) -> anyhow::Result<ScratchDb> {
+    pub async fn create(server: &SecretUrl, prefix: &str) -> anyhow::Result<ScratchDb> {
         let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
-        let mut admin = PgConnection::connect(server).await.with_context(|| format!("connecting to {server}"))?;
+        let mut admin = PgConnection::connect(server.expose()).await.with_context(|| format!("connecting to {server}"))?;
         admin.execute(format!("CREATE DATABASE \"{name}\"").as_str()).await.with_context(|| format!("creating database {name}"))?;
         admin.close().await.ok();
-        let mut url = url::Url::parse(server)?;
+        let mut url = url::Url::parse(server.expose()).with_context(|| format!("{server} is not a URL"))?;
         url.set_path(&name);
-        Ok(ScratchDb { url: url.into(), server: server.to_owned(), name })
+        Ok(ScratchDb { url: SecretUrl::new(url), server: server.clone(), name })
     }
 
     /// Drops the database, closing what is still connected; best effort.
     pub async fn drop_db(self) {
-        if let Ok(mut admin) = PgConnection::connect(&self.server).await {
+        if let Ok(mut admin) = PgConnection::connect(self.server.expose()).await {
             let _ = admin.execute(format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name).as_str()).await;
             let _ = admin.close().await;
         }
@@ -41,7 +42,7 @@ impl ScratchDb {
 /// Exit 2 when no PostgreSQL server is named: the figures are meant to be
 /// compared with a production database's.
 pub async fn on_scratch_postgres<T, M, F>(
-    database: Option<&str>,
+    database: Option<&SecretUrl>,
     measure: M,
     emit: impl FnOnce(T) -> anyhow::Result<()>,
 ) -> anyhow::Result<ExitCode>
@@ -49,12 +50,12 @@ where
     M: FnOnce(String) -> F,
     F: Future<Output = anyhow::Result<T>>,
 {
-    let Some(server) = database.filter(|u| u.starts_with("postgres")) else {
+    let Some(server) = database.filter(|u| u.expose().starts_with("postgres")) else {
         eprintln!("error: --database (or HERALD_DATABASE_URL) must name a PostgreSQL server (postgres://…)");
         return Ok(ExitCode::from(2));
     };
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let result = measure(scratch.url.clone()).await;
+    let result = measure(scratch.url.expose().to_owned()).await;
     scratch.drop_db().await;
     emit(result?)?;
     Ok(ExitCode::SUCCESS)

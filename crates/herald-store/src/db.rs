@@ -1,6 +1,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use herald_secret::SecretUrl;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
@@ -18,7 +19,7 @@ pub enum Backend {
 pub struct Db {
     pool: AnyPool,
     backend: Backend,
-    url: String,
+    url: SecretUrl,
 }
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -26,10 +27,12 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrat
 
 impl Db {
     /// Connects to `url` (`postgres://…` or `sqlite://…`).
+    /// Errors name the URL without its password.
     pub async fn connect(url: &str) -> Result<Db, StoreError> {
         sqlx::any::install_default_drivers();
-        let backend = backend_of(url)?;
-        let options = AnyConnectOptions::from_str(url).map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))?;
+        let url = SecretUrl::new(url);
+        let backend = backend_of(&url)?;
+        let options = AnyConnectOptions::from_str(url.expose()).map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))?;
         let pool = match backend {
             Backend::Postgres => AnyPoolOptions::new().max_connections(16),
             // SQLite has one writer. One connection per process turns writer
@@ -47,8 +50,9 @@ impl Db {
         }
         .acquire_timeout(Duration::from_secs(30))
         .connect_with(options)
-        .await?;
-        Ok(Db { pool, backend, url: url.to_owned() })
+        .await
+        .map_err(refused_at_connect)?;
+        Ok(Db { pool, backend, url })
     }
 
     /// Connects and applies every pending migration of the backend.
@@ -74,10 +78,16 @@ impl Db {
         self.backend
     }
 
-    /// The URL this pool was opened with, for a dedicated connection such as
-    /// a PostgreSQL `LISTEN`.
+    /// The URL this pool was opened with, password included, for a
+    /// dedicated connection such as a PostgreSQL `LISTEN`. Never log it: use
+    /// [`Db::redacted_url`].
     pub fn url(&self) -> &str {
-        &self.url
+        self.url.expose()
+    }
+
+    /// The URL as it may be shown, without its password.
+    pub fn redacted_url(&self) -> &str {
+        self.url.redacted()
     }
 
     /// SQL for "now" in epoch milliseconds by the *database's* clock. Leases
@@ -99,10 +109,21 @@ impl Db {
     }
 }
 
-fn backend_of(url: &str) -> Result<Backend, StoreError> {
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+/// A TLS failure while the pool opens is the configuration's fault (an
+/// untrusted CA, a host name the certificate does not name, `sslmode`
+/// demanding TLS of a server without it): retrying cannot help.
+fn refused_at_connect(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Tls(reason) => StoreError::Config(format!("TLS to the database failed: {reason}")),
+        other => other.into(),
+    }
+}
+
+fn backend_of(url: &SecretUrl) -> Result<Backend, StoreError> {
+    let raw = url.expose();
+    if raw.starts_with("postgres://") || raw.starts_with("postgresql://") {
         Ok(Backend::Postgres)
-    } else if url.starts_with("sqlite:") {
+    } else if raw.starts_with("sqlite:") {
         Ok(Backend::Sqlite)
     } else {
         Err(StoreError::Config(format!("database URL `{url}` is neither postgres:// nor sqlite://")))

@@ -20,10 +20,12 @@ pub mod cluster;
 mod db;
 pub mod kafka;
 mod proxy;
+mod secure;
 mod sync;
 
 pub use db::{TestDb, postgres_db, sqlite_db};
 pub use proxy::CutProxy;
+pub use secure::{PostgresTls, SecureBroker, postgres_tls, secure_broker, with_tls};
 pub use sync::{Gate, wait_until};
 
 /// Environment variable holding the bootstrap servers of the real broker.

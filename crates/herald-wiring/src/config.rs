@@ -4,24 +4,24 @@
 
 use std::path::Path;
 
-use anyhow::Context;
 use clap::Args;
 use herald_api::Tokens;
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
-use herald_store::Db;
+use herald_secret::{Secret, SecretUrl};
 use tempfile::TempDir;
 use tracing::info;
 
+use crate::connection::{BadConnection, DatabaseArgs, KafkaArgs, open_database};
 use crate::pipeline::Wiring;
 
+/// Where a role runs. Without `--database` it is embedded SQLite, without
+/// `--kafka` the in-process cluster.
 #[derive(Debug, Clone, Args)]
 pub struct Backends {
-    /// Database URL (postgres://… or sqlite://…); default: embedded SQLite.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
-    /// Kafka bootstrap servers; default: embedded in-process cluster.
-    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
-    pub kafka: Option<String>,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
     #[command(flatten)]
     pub topic: crate::topic_args::TopicArgs,
     /// Where export artifacts go: a directory, or s3://bucket/prefix (configured
@@ -35,8 +35,8 @@ pub struct Backends {
     #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
     pub group_prefix: String,
     /// API tokens as token:caller,token:caller; default: one printed at start.
-    #[arg(long, env = "HERALD_API_TOKENS")]
-    pub tokens: Option<String>,
+    #[arg(long, env = "HERALD_API_TOKENS", hide_env_values = true)]
+    pub tokens: Option<Secret>,
 }
 
 /// Resolved backends plus whatever must stay alive for them.
@@ -59,25 +59,24 @@ impl Environment {
 impl Backends {
     pub async fn resolve(&self) -> anyhow::Result<Environment> {
         let data_dir = tempfile::Builder::new().prefix("herald-").tempdir()?;
-        let database = match &self.database {
+        let database = match &self.database.url {
             Some(url) => url.clone(),
-            None => format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display()),
+            None => SecretUrl::new(format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display())),
         };
-        let db = Db::connect_and_migrate(&database).await.with_context(|| format!("database {database}"))?;
+        let db = open_database(&database, true).await?;
         let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-        let (kafka, embedded) = match &self.kafka {
-            Some(brokers) => {
-                let kafka = kafka_config(brokers);
+        let (kafka, embedded) = match self.kafka.connect().await? {
+            Some(kafka) => {
                 herald_kafka::ensure_topics(&kafka, &topics.all(), self.topic.settings()).await?;
                 (kafka, None)
             }
             None => {
                 let embedded = EmbeddedKafka::start(1, &topics.all(), self.topic.partitions)?;
-                (kafka_config(embedded.bootstrap_servers()), Some(embedded))
+                (KafkaConfig::new(embedded.bootstrap_servers()), Some(embedded))
             }
         };
         let (tokens, default_token) = match &self.tokens {
-            Some(spec) => (Tokens::parse(spec).map_err(anyhow::Error::msg)?, None),
+            Some(spec) => (Tokens::parse(spec.expose()).map_err(|e| BadConnection(format!("--tokens (HERALD_API_TOKENS): {e}")))?, None),
             None => {
                 let token = format!("herald-{}", uuid::Uuid::new_v4().simple());
                 (Tokens::single(&token, "demo"), Some(token))
@@ -92,10 +91,4 @@ impl Backends {
             data_dir: Some(data_dir),
         })
     }
-}
-
-/// The one place the binary turns `--kafka` into the configuration every
-/// Kafka client of every role is built from.
-pub fn kafka_config(brokers: &str) -> KafkaConfig {
-    KafkaConfig::new(brokers)
 }

@@ -1,4 +1,5 @@
-//! The `herald` binary's wiring: where it runs ([`config`]), its roles
+//! The `herald` binary's wiring: where it runs ([`config`]), how it reaches
+//! the database and the cluster ([`connection`]), its roles
 //! started together ([`pipeline`]), the subscriptions of `export.events` by
 //! name ([`subscriptions`]), topic layout flags ([`topic_args`]) and stop
 //! signals ([`signals`]).
@@ -10,6 +11,7 @@
 //! crates it wires keep their typed errors.
 
 pub mod config;
+pub mod connection;
 pub mod pipeline;
 pub mod signals;
 pub mod subscriptions;

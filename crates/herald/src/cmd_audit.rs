@@ -33,7 +33,7 @@ pub struct AuditArgs {
 }
 
 pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
-    let (Some(database), Some(brokers)) = (&args.backends.database, &args.backends.kafka) else {
+    let (Some(database), Some(brokers)) = (&args.backends.database.url, &args.backends.kafka.brokers) else {
         eprintln!(
             "error: herald audit needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): it checks what they hold"
         );
@@ -47,17 +47,18 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         }
     };
     // Connect without migrating: an audit writes nothing.
-    let db = match Db::connect(database).await {
+    let db = match Db::connect(database.expose()).await {
         Ok(db) => db,
         Err(e) => {
             eprintln!("error: cannot audit: database {database}: {e}");
             return Ok(ExitCode::from(2));
         }
     };
+    let kafka = args.backends.kafka.connect_to(brokers).await?;
     let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let sources = Sources {
         db: &db,
-        kafka: &crate::config::kafka_config(brokers),
+        kafka: &kafka,
         topics: &topics,
         artifacts,
         provider_url: args.notify_url.clone(),

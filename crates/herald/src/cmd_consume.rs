@@ -5,12 +5,10 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Args;
 use herald_consumer::{Metrics, Order, SubscriptionOptions};
 use herald_fault::Spec;
 use herald_kafka::{KafkaConfig, Topics};
-use herald_store::Db;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -50,7 +48,7 @@ pub struct ConsumeArgs {
 pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     // Keeps the embedded broker and data directory alive, when used.
     let mut _embedded = None;
-    let (db, kafka, topics) = match &args.backends.kafka {
+    let (db, kafka, topics) = match &args.backends.kafka.brokers {
         None => {
             // Embedded broker: no other process can reach it; a toy run.
             let env = args.backends.resolve().await?;
@@ -59,13 +57,13 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             (wiring.db, wiring.kafka, wiring.topics)
         }
         Some(brokers) => {
-            let Some(url) = &args.backends.database else {
+            let Some(url) = &args.backends.database.url else {
                 eprintln!("error: --database (or HERALD_DATABASE_URL) is needed with --kafka");
                 return Ok(ExitCode::from(2));
             };
-            let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
+            let db = crate::connection::open_database(url, true).await?;
             let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-            let kafka = crate::config::kafka_config(brokers);
+            let kafka = args.backends.kafka.connect_to(brokers).await?;
             ensure_topics(&kafka, &topics, args.backends.topic.settings()).await;
             (db, kafka, topics)
         }

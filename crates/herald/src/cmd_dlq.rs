@@ -24,9 +24,8 @@ use crate::subscriptions::{self, Name};
 
 #[derive(Debug, Clone, Args)]
 pub struct DlqArgs {
-    /// Database URL (postgres://… or sqlite://…).
-    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
-    pub database: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
     #[command(subcommand)]
     pub command: DlqCommand,
 }
@@ -105,11 +104,7 @@ pub struct WorkerArgs {
 }
 
 pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = &args.database else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) is required");
-        return Ok(ExitCode::from(2));
-    };
-    let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
+    let db = args.database.open("herald dlq", true).await?;
     match args.command {
         DlqCommand::List { subscription, all, json } => list(&db, subscription, all, json).await,
         DlqCommand::Redrive { id: Some(id), worker, .. } => match dead_letter::get(&db, id).await? {

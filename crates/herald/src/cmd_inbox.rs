@@ -5,17 +5,15 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
-use herald_store::{Db, inbox, now_ms};
+use herald_store::{inbox, now_ms};
 
 use crate::subscriptions::Name;
 
 #[derive(Debug, Clone, Args)]
 pub struct InboxArgs {
-    /// Database URL (postgres://… or sqlite://…).
-    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
-    pub database: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
     #[command(subcommand)]
     pub command: InboxCommand,
 }
@@ -34,11 +32,7 @@ pub enum InboxCommand {
 }
 
 pub async fn run(args: InboxArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = &args.database else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) is required");
-        return Ok(ExitCode::from(2));
-    };
-    let db = Db::connect_and_migrate(url).await.with_context(|| format!("database {url}"))?;
+    let db = args.database.open("herald inbox", true).await?;
     match args.command {
         InboxCommand::Cleanup { older_than_days, subscription } => {
             let before = now_ms() - i64::from(older_than_days) * 86_400_000;

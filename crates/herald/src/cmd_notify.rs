@@ -13,6 +13,8 @@ use crate::notify_args::NotifyArgs;
 
 #[derive(Debug, Clone, Args)]
 pub struct NotifyCmdArgs {
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
     #[command(subcommand)]
     pub command: NotifyCommand,
 }
@@ -22,8 +24,6 @@ pub enum NotifyCommand {
     /// Ask a queryable keyed provider about `unknown` intents, then list what
     /// still needs a person; --mark-sent / --resend record a decision.
     Reconcile {
-        #[arg(long, env = "HERALD_DATABASE_URL")]
-        database: Option<String>,
         #[command(flatten)]
         notify: NotifyArgs,
         /// Record that this intent was delivered (the operator has evidence).
@@ -41,8 +41,6 @@ pub enum NotifyCommand {
     /// Requeue `failed` and `conflict` intents (one by key, or all in a
     /// status) after their cause was fixed; recorded as the operator's act.
     Redrive {
-        #[arg(long, env = "HERALD_DATABASE_URL")]
-        database: Option<String>,
         /// The intent's idempotency key.
         #[arg(long, conflicts_with = "status", required_unless_present = "status")]
         key: Option<String>,
@@ -64,17 +62,16 @@ pub enum RedriveStatus {
 }
 
 pub async fn run(args: NotifyCmdArgs) -> anyhow::Result<ExitCode> {
+    let db = args.database.open("herald notify", true).await?;
     match args.command {
-        NotifyCommand::Reconcile { database, notify, mark_sent, resend, operator, json } => {
-            let Some(db) = connect(database).await? else { return Ok(ExitCode::from(2)) };
+        NotifyCommand::Reconcile { notify, mark_sent, resend, operator, json } => {
             let decision = mark_sent.map(|k| (k, Decision::MarkSent)).or(resend.map(|k| (k, Decision::Resend)));
             match decision {
                 Some((key, decision)) => decide(&db, &key, decision, &operator).await,
                 None => reconcile(&db, &notify, json).await,
             }
         }
-        NotifyCommand::Redrive { database, key, status, operator, json } => {
-            let Some(db) = connect(database).await? else { return Ok(ExitCode::from(2)) };
+        NotifyCommand::Redrive { key, status, operator, json } => {
             let what = match (key, status) {
                 (Some(key), _) => Redrive::Key(key),
                 (None, Some(RedriveStatus::Failed)) => Redrive::Failed,
@@ -87,14 +84,6 @@ pub async fn run(args: NotifyCmdArgs) -> anyhow::Result<ExitCode> {
             redrive(&db, &what, &operator, json).await
         }
     }
-}
-
-async fn connect(database: Option<String>) -> anyhow::Result<Option<Db>> {
-    let Some(url) = database else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) is required");
-        return Ok(None);
-    };
-    Ok(Some(Db::connect_and_migrate(&url).await?))
 }
 
 async fn decide(db: &Db, key: &str, decision: Decision, operator: &str) -> anyhow::Result<ExitCode> {

@@ -9,9 +9,8 @@ use serde_json::json;
 
 #[derive(Debug, Clone, Args)]
 pub struct OutboxArgs {
-    /// Database URL (postgres://… or sqlite://…).
-    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
-    pub database: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
     #[command(subcommand)]
     pub command: OutboxCommand,
 }
@@ -41,11 +40,7 @@ pub enum OutboxCommand {
 }
 
 pub async fn run(args: OutboxArgs) -> anyhow::Result<ExitCode> {
-    let Some(database) = args.database else {
-        eprintln!("error: `herald outbox` needs --database (or HERALD_DATABASE_URL)");
-        return Ok(ExitCode::from(2));
-    };
-    let db = Db::connect_and_migrate(&database).await?;
+    let db = args.database.open("herald outbox", true).await?;
     match args.command {
         OutboxCommand::List { status, limit, json } => list(&db, &status, limit, json).await,
         OutboxCommand::Redrive { seqs, status } => {

@@ -42,10 +42,10 @@ pub enum SwitchArg {
 /// and `herald snapshot`, which must agree on them.
 #[derive(Debug, Clone, Args)]
 pub struct ProjectionBackends {
-    #[arg(long, env = "HERALD_DATABASE_URL", global = true)]
-    pub database: Option<String>,
-    #[arg(long, env = "HERALD_KAFKA_BROKERS", global = true)]
-    pub kafka: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
+    #[command(flatten)]
+    pub kafka: crate::connection::KafkaArgs,
     #[arg(long, env = "HERALD_TOPIC_PREFIX", global = true)]
     pub topic_prefix: Option<String>,
     #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald", global = true)]
@@ -111,11 +111,7 @@ pub enum RebuildCommand {
 }
 
 pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = &args.on.database else {
-        eprintln!("error: --database (or HERALD_DATABASE_URL) is required");
-        return Ok(ExitCode::from(2));
-    };
-    let db = Db::connect_and_migrate(url).await?;
+    let db = args.on.database.open("herald rebuild", true).await?;
     match &args.command {
         RebuildCommand::Status { json } => status(&db, *json).await,
         RebuildCommand::Switch { projection } => switch(&db, projection.as_str()).await,
@@ -152,7 +148,7 @@ async fn build_generation<P: Projection>(
     build: &BuildArgs,
     from_snapshot: Option<std::path::PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    let Some(brokers) = &on.kafka else {
+    let Some(brokers) = &on.kafka.brokers else {
         eprintln!("error: --kafka (or HERALD_KAFKA_BROKERS) is required: a rebuild replays the broker's history");
         return Ok(ExitCode::from(2));
     };
@@ -162,7 +158,7 @@ async fn build_generation<P: Projection>(
     }
     let topics = on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let options = RebuildOptions {
-        kafka: crate::config::kafka_config(brokers),
+        kafka: on.kafka.connect_to(brokers).await?,
         topic: topics.events,
         switch: match build.switch {
             SwitchArg::Auto => SwitchMode::Auto,

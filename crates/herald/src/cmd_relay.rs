@@ -8,18 +8,15 @@ use std::time::Duration;
 use clap::Args;
 use herald_kafka::Topics;
 use herald_relay::{Relay, RelayConfig};
-use herald_store::Db;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 #[derive(Debug, Clone, Args)]
 pub struct RelayArgs {
-    /// Database URL (postgres://… or sqlite://…) shared with the writers.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
-    /// Kafka bootstrap servers.
-    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
-    pub kafka: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
+    #[command(flatten)]
+    pub kafka: crate::connection::KafkaArgs,
     #[command(flatten)]
     pub topic: crate::topic_args::TopicArgs,
     /// Rows per batch of one slice.
@@ -39,17 +36,17 @@ pub struct RelayArgs {
 pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // The embedded defaults are private to one process: a relay alone on
     // them would publish nothing anyone wrote.
-    let (Some(database), Some(brokers)) = (&args.database, &args.kafka) else {
+    let (Some(database), Some(brokers)) = (&args.database.url, &args.kafka.brokers) else {
         eprintln!(
             "error: `herald relay` needs --database (HERALD_DATABASE_URL) and --kafka (HERALD_KAFKA_BROKERS): the embedded defaults are private to one process; use `herald serve` for those"
         );
         return Ok(ExitCode::from(2));
     };
-    let db = Db::connect_and_migrate(database).await?;
+    let db = crate::connection::open_database(database, true).await?;
+    let kafka = args.kafka.connect_to(brokers).await?;
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
-    let kafka = crate::config::kafka_config(brokers);
     let (topic_kafka, settings) = (kafka.clone(), args.topic.settings());
     tokio::spawn(async move {
         let topics = Topics::default();

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use herald_kafka::Topics;
 use herald_rebuild::{RebuildError, Search, snapshot};
-use herald_store::Db;
 
 use crate::cmd_rebuild::ProjectionBackends;
 
@@ -32,17 +31,18 @@ pub enum SnapshotCommand {
 }
 
 pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
-    let (Some(url), Some(brokers)) = (&args.on.database, &args.on.kafka) else {
+    let (Some(url), Some(brokers)) = (&args.on.database.url, &args.on.kafka.brokers) else {
         eprintln!(
             "error: --database and --kafka (or HERALD_DATABASE_URL, HERALD_KAFKA_BROKERS) are required: a snapshot pairs documents with the live group's positions"
         );
         return Ok(ExitCode::from(2));
     };
     let SnapshotCommand::Search { out } = &args.command;
-    let db = Db::connect_and_migrate(url).await?;
+    let db = crate::connection::open_database(url, true).await?;
+    let kafka = args.on.kafka.connect_to(brokers).await?;
     let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let group = format!("{}.search", args.on.group_prefix);
-    let taken = match snapshot::take::<Search>(&db, &crate::config::kafka_config(brokers), &group, &topics.events).await {
+    let taken = match snapshot::take::<Search>(&db, &kafka, &group, &topics.events).await {
         Ok(taken) => taken,
         Err(e @ RebuildError::Snapshot(_)) => {
             eprintln!("error: {e}");

@@ -11,20 +11,18 @@ use std::time::Duration;
 use clap::Args;
 use herald_kafka::Topics;
 use herald_status::KafkaProbe;
-use herald_store::Db;
 
 use crate::subscriptions::Name;
 
 #[derive(Debug, Clone, Args)]
 pub struct StatusArgs {
-    /// Database URL (postgres://… or sqlite://…).
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
-    /// Kafka bootstrap servers; without them lag and the topics' durability
-    /// (replication, settings, what can lose acknowledged events) are not
-    /// measured (and said so).
-    #[arg(long, env = "HERALD_KAFKA_BROKERS")]
-    pub kafka: Option<String>,
+    #[command(flatten)]
+    pub database: crate::connection::DatabaseArgs,
+    /// Without `--kafka`, lag and the topics' durability (replication,
+    /// settings, what can lose acknowledged events) are not measured (and
+    /// said so).
+    #[command(flatten)]
+    pub kafka: crate::connection::KafkaArgs,
     /// Prefix of Herald's topic names, as the deployment uses it.
     #[arg(long, env = "HERALD_TOPIC_PREFIX")]
     pub topic_prefix: Option<String>,
@@ -40,17 +38,19 @@ pub struct StatusArgs {
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let Some(url) = &args.database else {
+    let Some(url) = &args.database.url else {
         eprintln!("error: `herald status` needs --database (or HERALD_DATABASE_URL)");
         return Ok(ExitCode::from(2));
     };
     // Connect only: a status look must not migrate a database it was pointed at.
-    let db = Db::connect(url).await?;
+    let db = crate::connection::open_database(url, false).await?;
     let names: Vec<&str> = Name::ALL.iter().map(|n| n.as_str()).collect();
-    let probe = match &args.kafka {
+    let probe = match &args.kafka.brokers {
         Some(brokers) => {
+            let kafka = args.kafka.config_for(brokers)?;
+            crate::connection::refuse_bad_settings(&kafka, args.kafka_timeout).await?;
             let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
-            Some(KafkaProbe::new(&crate::config::kafka_config(brokers), &topics, &args.group_prefix, &names, args.kafka_timeout)?)
+            Some(KafkaProbe::new(&kafka, &topics, &args.group_prefix, &names, args.kafka_timeout)?)
         }
         None => None,
     };

@@ -4,7 +4,7 @@
 //! drill, benchmarks and provider simulator are herald-proof's.
 
 pub use herald_proof::bench;
-pub use herald_wiring::{config, pipeline, signals, subscriptions, topic_args};
+pub use herald_wiring::{config, connection, pipeline, signals, subscriptions, topic_args};
 
 pub mod cmd_audit;
 pub mod cmd_consume;

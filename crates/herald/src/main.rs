@@ -101,9 +101,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Apply database migrations and exit.
     Migrate {
-        /// Database URL (postgres://… or sqlite://…).
-        #[arg(long, env = "HERALD_DATABASE_URL")]
-        database: String,
+        #[command(flatten)]
+        database: herald::connection::DatabaseArgs,
     },
 }
 
@@ -121,7 +120,11 @@ fn main() -> ExitCode {
     let default_filter =
         if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter)))
+        .with_env_filter(
+            EnvFilter::try_from_env("HERALD_LOG")
+                .or_else(|_| EnvFilter::try_from_default_env())
+                .unwrap_or_else(|_| EnvFilter::new(default_filter)),
+        )
         .with_writer(std::io::stderr)
         .init();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -137,7 +140,8 @@ fn main() -> ExitCode {
         Err(e)
             if e.downcast_ref::<notify_start::Refused>().is_some()
                 || e.downcast_ref::<InvalidNotifyArgs>().is_some()
-                || e.downcast_ref::<herald_fault::SpecError>().is_some() =>
+                || e.downcast_ref::<herald_fault::SpecError>().is_some()
+                || e.downcast_ref::<herald::connection::BadConnection>().is_some() =>
         {
             eprintln!("error: {e}");
             ExitCode::from(2)
@@ -167,7 +171,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Status(args) => cmd_status::run(args).await,
         Command::Outbox(args) => cmd_outbox::run(args).await,
         Command::Dispatch { backends, notify } => {
-            if notify.notify_url.is_none() && backends.database.is_some() {
+            if notify.notify_url.is_none() && backends.database.url.is_some() {
                 eprintln!("error: --notify-url (or HERALD_NOTIFY_URL) is required with a real database");
                 return Ok(ExitCode::from(2));
             }
@@ -186,8 +190,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Drill(args) => drill::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Migrate { database } => {
-            herald_store::Db::connect_and_migrate(&database).await?;
-            println!("migrations applied to {database}");
+            database.open("herald migrate", true).await?;
+            println!("migrations applied to {}", database.require("herald migrate")?);
             Ok(ExitCode::SUCCESS)
         }
     }

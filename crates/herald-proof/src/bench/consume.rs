@@ -32,9 +32,9 @@ pub struct ConsumeBenchArgs {
     /// Events to publish and consume.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1000..=5_000_000))]
     pub events: u32,
-    /// PostgreSQL server URL; a scratch database is created on it and dropped.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
+    /// A PostgreSQL server; a scratch database is created on it and dropped.
+    #[command(flatten)]
+    pub database: herald_wiring::connection::DatabaseArgs,
     /// Partitions of the benchmark topic.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub partitions: i32,
@@ -61,7 +61,7 @@ const TARGET_EPS: f64 = 20_000.0;
 pub async fn run(args: ConsumeBenchArgs) -> anyhow::Result<ExitCode> {
     let args = &args;
     on_scratch_postgres(
-        args.database.as_deref(),
+        args.database.url.as_ref(),
         |url| async move { measure(args, &url).await },
         |r: Rates| {
             if args.json {

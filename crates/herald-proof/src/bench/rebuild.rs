@@ -36,9 +36,9 @@ pub struct RebuildBenchArgs {
     /// Events to publish, consume live and replay.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1000..=5_000_000))]
     pub events: u32,
-    /// PostgreSQL server URL; a scratch database is created on it and dropped.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
+    /// A PostgreSQL server; a scratch database is created on it and dropped.
+    #[command(flatten)]
+    pub database: herald_wiring::connection::DatabaseArgs,
     /// Partitions of the benchmark topic.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(i32).range(1..=256))]
     pub partitions: i32,
@@ -66,7 +66,7 @@ struct Figures {
 pub async fn run(args: RebuildBenchArgs) -> anyhow::Result<ExitCode> {
     let args = &args;
     on_scratch_postgres(
-        args.database.as_deref(),
+        args.database.url.as_ref(),
         |url| async move { measure(args, &url).await },
         |f: Figures| {
             if args.json {

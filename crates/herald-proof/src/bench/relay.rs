@@ -24,6 +24,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
 use crate::scratch::ScratchDb;
+use herald_secret::SecretUrl;
 use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 
@@ -43,28 +44,27 @@ pub struct RelayBenchArgs {
     json: bool,
     /// A PostgreSQL server (any database on it); the benchmark creates and
     /// drops its own databases there.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    database: Option<String>,
+    #[command(flatten)]
+    database: herald_wiring::connection::DatabaseArgs,
     /// A Kafka cluster to publish to instead of the in-process mock; the
     /// benchmark creates a topic of its own there (Herald's durability
     /// defaults: 3 replicas, `min.insync.replicas` 2 on three brokers).
-    #[arg(long)]
-    kafka: Option<String>,
+    #[command(flatten)]
+    kafka: herald_wiring::connection::KafkaArgs,
 }
 
 const TOPIC: &str = "bench.events";
 const KEYS: u64 = 1000;
 
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
-    let Some(server) = args.database.clone().filter(|u| u.starts_with("postgres")) else {
+    let Some(server) = args.database.url.clone().filter(|u| u.expose().starts_with("postgres")) else {
         eprintln!(
             "error: `herald bench relay` needs --database postgres://… (or HERALD_DATABASE_URL): it measures the relay from PostgreSQL"
         );
         return Ok(ExitCode::from(2));
     };
-    let (_mock, kafka, topic) = match &args.kafka {
-        Some(brokers) => {
-            let kafka = herald_wiring::config::kafka_config(brokers);
+    let (_mock, kafka, topic) = match args.kafka.connect().await? {
+        Some(kafka) => {
             let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
             herald_kafka::ensure_topics(&kafka, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
             (None, kafka, topic)
@@ -235,14 +235,14 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
             "raw_producer_eps": raw.eps().round(), "naive_relay_eps": naive.eps().round(), "relay_eps": herald.eps().round(),
             "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": (vs_raw * 100.0).round() / 100.0,
             "events": herald.events, "naive_events": naive.events, "partitions": args.partitions,
-            "broker": args.kafka.as_deref().unwrap_or("in-process mock cluster"),
+            "broker": args.kafka.brokers.as_deref().unwrap_or("in-process mock cluster"),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "relay_time_split": herald.split.map(|[r, p, w]| json!({"read": r, "await_broker": p, "record_progress": w})),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
     }
-    println!("broker: {}\n", args.kafka.as_deref().unwrap_or("in-process mock cluster"));
+    println!("broker: {}\n", args.kafka.brokers.as_deref().unwrap_or("in-process mock cluster"));
     println!("| run | events | seconds | events/s | vs Herald |");
     println!("|---|---:|---:|---:|---:|");
     for (name, run) in [
@@ -265,9 +265,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
     Ok(())
 }
 /// A migrated scratch database of the PostgreSQL server `server`.
-async fn scratch_db(server: &str) -> anyhow::Result<(ScratchDb, Db)> {
+async fn scratch_db(server: &SecretUrl) -> anyhow::Result<(ScratchDb, Db)> {
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let db = Db::connect_and_migrate(&scratch.url).await?;
+    let db = Db::connect_and_migrate(scratch.url.expose()).await?;
     anyhow::ensure!(db.backend() == Backend::Postgres, "not PostgreSQL");
     Ok((scratch, db))
 }

@@ -48,8 +48,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     }
     let backends = Backends {
-        database: None,
-        kafka: None,
+        database: Default::default(),
+        kafka: Default::default(),
         topic: herald_wiring::topic_args::TopicArgs { partitions: 4, replication_factor: None, min_insync_replicas: None },
         artifacts: None,
         topic_prefix: None,

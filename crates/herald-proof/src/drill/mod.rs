@@ -37,8 +37,8 @@ pub struct DrillArgs {
     #[arg(long, conflicts_with = "minutes")]
     pub seconds: Option<f64>,
     /// A PostgreSQL server; the drill creates a fresh database on it.
-    #[arg(long, env = "HERALD_DATABASE_URL")]
-    pub database: Option<String>,
+    #[command(flatten)]
+    pub database: herald_wiring::connection::DatabaseArgs,
     /// Apache Kafka's jars (scripts/kafka-fetch): the drill starts a cluster
     /// of `--nodes` nodes from them and kills and restarts its brokers.
     #[arg(long, env = "HERALD_KAFKA_HOME")]
@@ -90,7 +90,7 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if !positive(seconds) || !positive(args.rate) || args.kill_every.is_zero() {
         return usage("--minutes/--seconds, --rate and --kill-every must be positive");
     }
-    let Some(server) = args.database.as_deref().filter(|u| u.starts_with("postgres")) else {
+    let Some(server) = args.database.url.as_ref().filter(|u| u.expose().starts_with("postgres")) else {
         return usage("--database (HERALD_DATABASE_URL) must name a PostgreSQL server; the drill creates its own database there");
     };
     let cluster = match (args.brokers.as_deref(), args.kafka_home.as_deref()) {
@@ -122,10 +122,16 @@ enum Cluster<'a> {
 }
 
 /// The drill itself; `Ok(true)` when it passed.
-async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster<'_>, work: &std::path::Path) -> anyhow::Result<bool> {
+async fn drill(
+    args: &DrillArgs,
+    chaos: Duration,
+    server: &herald_secret::SecretUrl,
+    cluster: Cluster<'_>,
+    work: &std::path::Path,
+) -> anyhow::Result<bool> {
     // Kept after the run: the evidence an operator may want to read.
     let url = crate::scratch::ScratchDb::create(server, "herald_drill").await?.url;
-    let db = Db::connect_and_migrate(&url).await?;
+    let db = Db::connect_and_migrate(url.expose()).await?;
     let mut brokers = match cluster {
         Cluster::Given(bootstrap) => Brokers::given(bootstrap),
         Cluster::Start(home) => {
@@ -143,7 +149,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
     let (api_port, sim_port) = (free_port()?, free_port()?);
     let (api, sim) = (format!("http://127.0.0.1:{api_port}"), format!("http://127.0.0.1:{sim_port}"));
     let env = vec![
-        ("HERALD_DATABASE_URL".to_owned(), url.clone()),
+        ("HERALD_DATABASE_URL".to_owned(), url.expose().to_owned()),
         ("HERALD_KAFKA_BROKERS".to_owned(), brokers.bootstrap().to_owned()),
         ("HERALD_ARTIFACTS".to_owned(), artifacts.display().to_string()),
         ("HERALD_API_TOKENS".to_owned(), "drill-token:drill".to_owned()),
@@ -200,7 +206,7 @@ async fn drill(args: &DrillArgs, chaos: Duration, server: &str, cluster: Cluster
         targets: provider::targets(&provider, &intents, deaths),
         provider,
         intents,
-        database: url,
+        database: url.to_string(),
         audit,
     };
     outcome.print(args.json)?;
@@ -257,7 +263,8 @@ fn specs(mode: ProviderMode, api_port: u16, sim: &str, ledger: &std::path::Path,
     specs
 }
 
-/// A new, empty database `herald_drill_<uuid>` on the server `server` names.
+/// Creates Herald's topics, waiting for a cluster that is still electing
+/// its controllers.
 async fn create_topics(kafka: &KafkaConfig, topics: &Topics) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {

@@ -1,0 +1,222 @@
+//! How every command reaches the database and the Kafka cluster: one set of
+//! flags (and `HERALD_*` variables), flattened into each command that needs
+//! them, so a setting such as TLS or SASL is spelled once and applies to
+//! every role.
+//!
+//! Secrets (the database URL, the SASL password, librdkafka properties
+//! whose name says they hold one) are parsed straight into `herald_secret`
+//! types and their variables' values are hidden from `--help`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use herald_kafka::{ConnectError, KafkaConfig};
+use herald_secret::{Secret, SecretUrl};
+use herald_store::{Db, StoreError};
+use thiserror::Error;
+
+/// Configuration that cannot work as given: the binary prints it and exits 2.
+#[derive(Debug, Error)]
+#[error("{0}")]
+pub struct BadConnection(pub String);
+
+/// How long a role waits at start for a broker to answer before it gives
+/// up; a refused password or certificate ends the wait at once.
+pub const KAFKA_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct DatabaseArgs {
+    /// Database URL (postgres://… or sqlite://…). PostgreSQL over TLS:
+    /// `?sslmode=verify-full&sslrootcert=/path/ca.pem` (also `require`,
+    /// `verify-ca`; default `prefer`, as libpq).
+    #[arg(long = "database", id = "database", env = "HERALD_DATABASE_URL", hide_env_values = true, global = true)]
+    pub url: Option<SecretUrl>,
+}
+
+impl DatabaseArgs {
+    /// The URL, or a usage error naming what needs it.
+    pub fn require(&self, command: &str) -> Result<&SecretUrl, BadConnection> {
+        self.url.as_ref().ok_or_else(|| BadConnection(format!("`{command}` needs --database (or HERALD_DATABASE_URL)")))
+    }
+
+    /// Opens the database `command` needs, migrating it when `migrate`.
+    pub async fn open(&self, command: &str, migrate: bool) -> anyhow::Result<Db> {
+        open_database(self.require(command)?, migrate).await
+    }
+}
+
+/// Opens `url` (migrating when asked). A configuration the server refuses
+/// (TLS, an unknown scheme, a schema it cannot migrate) is [`BadConnection`].
+pub async fn open_database(url: &SecretUrl, migrate: bool) -> anyhow::Result<Db> {
+    let opened = if migrate { Db::connect_and_migrate(url.expose()).await } else { Db::connect(url.expose()).await };
+    opened.map_err(|e| match e {
+        StoreError::Config(reason) => BadConnection(format!("database {url}: {reason}")).into(),
+        other => anyhow::Error::new(other).context(format!("database {url}")),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SaslMechanism {
+    #[value(name = "SCRAM-SHA-512")]
+    ScramSha512,
+    #[value(name = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[value(name = "PLAIN")]
+    Plain,
+}
+
+impl SaslMechanism {
+    fn librdkafka(self) -> &'static str {
+        match self {
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::Plain => "PLAIN",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Args)]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long = "kafka", id = "kafka", env = "HERALD_KAFKA_BROKERS", global = true)]
+    pub brokers: Option<String>,
+    /// How to talk to the brokers (librdkafka `security.protocol`).
+    #[arg(long, env = "HERALD_KAFKA_SECURITY_PROTOCOL", value_enum, global = true)]
+    pub kafka_security_protocol: Option<SecurityProtocol>,
+    /// SASL mechanism (`sasl.mechanism`).
+    #[arg(long, env = "HERALD_KAFKA_SASL_MECHANISM", value_enum, ignore_case = true, global = true)]
+    pub kafka_sasl_mechanism: Option<SaslMechanism>,
+    #[arg(long, env = "HERALD_KAFKA_SASL_USERNAME", global = true)]
+    pub kafka_sasl_username: Option<String>,
+    #[arg(long, env = "HERALD_KAFKA_SASL_PASSWORD", hide_env_values = true, global = true)]
+    pub kafka_sasl_password: Option<Secret>,
+    /// CA certificate(s) that sign the brokers' certificates (PEM,
+    /// `ssl.ca.location`); default: the system's trust store.
+    #[arg(long, env = "HERALD_KAFKA_SSL_CA", global = true)]
+    pub kafka_ssl_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for brokers that require mutual TLS.
+    #[arg(long, env = "HERALD_KAFKA_SSL_CERTIFICATE", global = true, requires = "kafka_ssl_key")]
+    pub kafka_ssl_certificate: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "HERALD_KAFKA_SSL_KEY", global = true, requires = "kafka_ssl_certificate")]
+    pub kafka_ssl_key: Option<PathBuf>,
+    /// Any other librdkafka property, `KEY=VALUE`, for every client Herald
+    /// builds; repeatable (in the variable: separated by `;`).
+    #[arg(long = "kafka-property", env = "HERALD_KAFKA_PROPERTIES", value_delimiter = ';', hide_env_values = true, global = true, value_parser = parse_property)]
+    pub kafka_properties: Vec<(String, Secret)>,
+}
+
+fn parse_property(text: &str) -> Result<(String, Secret), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), Secret::new(value))),
+        // The value may be a secret: name only the key, never echo the text.
+        _ => Err(format!("expected KEY=VALUE (a librdkafka property), got an entry without `=` starting {:?}", key_hint(text))),
+    }
+}
+
+fn key_hint(text: &str) -> String {
+    text.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '_').take(40).collect()
+}
+
+impl KafkaArgs {
+    /// The client configuration for `brokers`, with every security setting
+    /// given; [`BadConnection`] when they contradict each other.
+    pub fn config_for(&self, brokers: &str) -> Result<KafkaConfig, BadConnection> {
+        let mut kafka = KafkaConfig::new(brokers);
+        for (key, value) in &self.kafka_properties {
+            kafka = kafka.with_secret(key.as_str(), value);
+        }
+        if let Some(protocol) = self.kafka_security_protocol {
+            kafka = kafka.with("security.protocol", protocol.to_possible_value().map(|v| v.get_name().to_owned()).unwrap_or_default());
+        }
+        if let Some(mechanism) = self.kafka_sasl_mechanism {
+            kafka = kafka.with("sasl.mechanism", mechanism.librdkafka());
+        }
+        if let Some(username) = &self.kafka_sasl_username {
+            kafka = kafka.with("sasl.username", username.as_str());
+        }
+        if let Some(password) = &self.kafka_sasl_password {
+            kafka = kafka.with_secret("sasl.password", password);
+        }
+        let paths = [
+            ("ssl.ca.location", &self.kafka_ssl_ca),
+            ("ssl.certificate.location", &self.kafka_ssl_certificate),
+            ("ssl.key.location", &self.kafka_ssl_key),
+        ];
+        for (key, path) in paths {
+            if let Some(path) = path {
+                kafka = kafka.with(key, path.display().to_string());
+            }
+        }
+        check_consistent(&kafka)?;
+        Ok(kafka)
+    }
+
+    /// [`KafkaArgs::config_for`] the given brokers, checked against the
+    /// cluster: `None` without `--kafka`.
+    pub async fn connect(&self) -> anyhow::Result<Option<KafkaConfig>> {
+        match &self.brokers {
+            Some(brokers) => Ok(Some(self.connect_to(brokers).await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// [`KafkaArgs::config_for`] `brokers`, checked against the cluster.
+    pub async fn connect_to(&self, brokers: &str) -> anyhow::Result<KafkaConfig> {
+        let kafka = self.config_for(brokers)?;
+        check(&kafka).await?;
+        Ok(kafka)
+    }
+}
+
+/// Refuses at start what would otherwise fail on every connection.
+fn check_consistent(kafka: &KafkaConfig) -> Result<(), BadConnection> {
+    let protocol = kafka.get("security.protocol").unwrap_or("plaintext").to_ascii_lowercase();
+    let sasl = protocol.starts_with("sasl");
+    if sasl && (kafka.get("sasl.username").is_none() || kafka.get("sasl.password").is_none()) {
+        let mechanism = kafka.get("sasl.mechanism").unwrap_or("GSSAPI");
+        if mechanism.starts_with("SCRAM") || mechanism == "PLAIN" {
+            return Err(BadConnection(format!(
+                "security protocol {protocol} with {mechanism} needs --kafka-sasl-username and --kafka-sasl-password (HERALD_KAFKA_SASL_USERNAME, HERALD_KAFKA_SASL_PASSWORD)"
+            )));
+        }
+    }
+    if !sasl && (kafka.get("sasl.mechanism").is_some() || kafka.get("sasl.username").is_some()) {
+        return Err(BadConnection(format!(
+            "SASL settings given but the security protocol is {protocol}: add --kafka-security-protocol sasl_ssl (or sasl_plaintext)"
+        )));
+    }
+    Ok(())
+}
+
+/// [`herald_kafka::check_connection`], with refusals as [`BadConnection`].
+pub async fn check(kafka: &KafkaConfig) -> anyhow::Result<()> {
+    match herald_kafka::check_connection(kafka, KAFKA_CHECK_TIMEOUT).await {
+        Ok(()) => Ok(()),
+        Err(e @ ConnectError::Unreachable { .. }) => Err(e.into()),
+        Err(refused) => Err(refusal(kafka, &refused).into()),
+    }
+}
+
+/// Only the refusals of [`check`]: for a command that reports on a cluster
+/// it cannot reach (`herald status`) instead of failing.
+pub async fn refuse_bad_settings(kafka: &KafkaConfig, within: Duration) -> Result<(), BadConnection> {
+    match herald_kafka::check_connection(kafka, within).await {
+        Ok(()) | Err(ConnectError::Unreachable { .. }) => Ok(()),
+        Err(refused) => Err(refusal(kafka, &refused)),
+    }
+}
+
+fn refusal(kafka: &KafkaConfig, refused: &ConnectError) -> BadConnection {
+    BadConnection(format!("{refused} (brokers {})", kafka.brokers()))
+}
