@@ -9,6 +9,12 @@
 //! a `java -cp '<kafka home>/*' kafka.Kafka` process that can be SIGKILLed
 //! and restarted on its own storage.
 //!
+//! Every node listens twice for clients: PLAINTEXT ([`Cluster::bootstrap`])
+//! for the tests at large, and SASL_SSL ([`Cluster::secure`]) so that
+//! Herald's TLS and SASL settings meet a real broker, which is how its
+//! users connect; see [`SecureListener`]. Its certificates are made at
+//! start by the `openssl` CLI, which must be on the `PATH`.
+//!
 //! The broker's jars come from Maven Central: `scripts/kafka-fetch` copies
 //! the runtime dependencies pinned in `tests/kafka/pom.xml` into
 //! `~/.cache/herald/kafka-<version>/` and `scripts/test` exports that
@@ -16,6 +22,8 @@
 
 mod node;
 mod props;
+mod secure;
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -27,6 +35,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 
 pub use node::Node;
 use props::Ports;
+pub use secure::SecureListener;
 
 /// Where the broker's jars are: set by `scripts/test`.
 pub const KAFKA_HOME_ENV: &str = "HERALD_KAFKA_HOME";
@@ -71,6 +80,7 @@ pub struct Cluster {
     /// second): a librdkafka client is threads and connections, not a
     /// value to make per call. It reconnects by itself as nodes come back.
     metadata: BaseConsumer,
+    secure: SecureListener,
 }
 
 impl Cluster {
@@ -79,6 +89,9 @@ impl Cluster {
     pub fn start(kafka_home: &Path, dir: &Path, nodes: usize) -> anyhow::Result<Cluster> {
         anyhow::ensure!(nodes >= 1, "a cluster needs at least one node");
         check_kafka_home(kafka_home)?;
+        // The CA paths go to clients in other directories (the binary's env
+        // file), and each node resolves paths from its own directory.
+        let dir = std::path::absolute(dir).with_context(|| format!("resolving {}", dir.display()))?;
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let attempt_dir = dir.join(format!("attempt-{attempt}"));
@@ -96,18 +109,19 @@ impl Cluster {
         let ports = free_ports(nodes)?;
         let log4j = dir.join("log4j2.properties");
         std::fs::write(&log4j, props::LOG4J2)?;
+        let secure = SecureListener::create(&dir.join("tls"), &ports)?;
         let cluster_id = new_cluster_id();
         let mut list = Vec::with_capacity(nodes);
         for id in 1..=nodes {
             let node_dir = dir.join(format!("node-{id}"));
             std::fs::create_dir_all(&node_dir)?;
             let properties = node_dir.join("server.properties");
-            std::fs::write(&properties, props::render(id, &ports, &node_dir.join("data")))?;
+            std::fs::write(&properties, props::render(id, &ports, &node_dir.join("data"), &secure))?;
             list.push(Node::new(id, ports[id - 1].broker, node_dir, kafka_home, &log4j));
         }
-        node::format_storage(&list, &cluster_id)?;
+        node::format_storage(&list, &cluster_id, &secure.scram_credential())?;
         let metadata = metadata_client(&bootstrap(&list))?;
-        let mut cluster = Cluster { nodes: list, metadata };
+        let mut cluster = Cluster { nodes: list, metadata, secure };
         for node in &mut cluster.nodes {
             node.spawn()?;
         }
@@ -119,6 +133,11 @@ impl Cluster {
     /// them down.
     pub fn bootstrap(&self) -> String {
         bootstrap(&self.nodes)
+    }
+
+    /// The SASL_SSL listener: its bootstrap servers, CA and credentials.
+    pub fn secure(&self) -> &SecureListener {
+        &self.secure
     }
 
     pub fn nodes(&self) -> &[Node] {
@@ -256,16 +275,16 @@ pub struct Health {
     pub leaderless: usize,
 }
 
-/// Two loopback ports per node that were free a moment ago. Another
+/// Three loopback ports per node that were free a moment ago. Another
 /// process can take one before the node binds it; [`Cluster::start`] then
 /// tries again with fresh ports.
 fn free_ports(nodes: usize) -> anyhow::Result<Vec<Ports>> {
-    let mut held = Vec::with_capacity(nodes * 2);
-    for _ in 0..nodes * 2 {
+    let mut held = Vec::with_capacity(nodes * 3);
+    for _ in 0..nodes * 3 {
         held.push(std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?);
     }
     let port = |i: usize| held[i].local_addr().map(|a| a.port());
-    (0..nodes).map(|n| Ok(Ports { broker: port(2 * n)?, controller: port(2 * n + 1)? })).collect()
+    (0..nodes).map(|n| Ok(Ports { broker: port(3 * n)?, controller: port(3 * n + 1)?, secure: port(3 * n + 2)? })).collect()
 }
 
 #[cfg(test)]

@@ -125,15 +125,17 @@ impl Node {
     }
 }
 
-/// Formats every node's storage with one cluster id, the nodes in
+/// Formats every node's storage with one cluster id and the SASL_SSL
+/// listener's SCRAM credential (`--add-scram` syntax), the nodes in
 /// parallel (each is a JVM start).
-pub(crate) fn format_storage(nodes: &[Node], cluster_id: &str) -> anyhow::Result<()> {
+pub(crate) fn format_storage(nodes: &[Node], cluster_id: &str, scram: &str) -> anyhow::Result<()> {
     let mut running = Vec::new();
     for node in nodes {
         let out = std::fs::File::create(node.dir.join("format.log"))?;
         let child = node
             .java()
             .args(["kafka.tools.StorageTool", "format", "--ignore-formatted", "-t", cluster_id, "-c", "server.properties"])
+            .args(["--add-scram", scram])
             .stdout(out.try_clone()?)
             .stderr(out)
             .spawn()
