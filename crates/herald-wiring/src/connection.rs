@@ -15,15 +15,16 @@ use herald_kafka::{ConnectError, KafkaConfig};
 use herald_secret::{Secret, SecretUrl};
 use herald_store::{Db, StoreError};
 use thiserror::Error;
+use tracing::warn;
 
 /// Configuration that cannot work as given: the binary prints it and exits 2.
 #[derive(Debug, Error)]
 #[error("{0}")]
 pub struct BadConnection(pub String);
 
-/// How long a role waits at start for a broker to answer before it gives
-/// up; a refused password or certificate ends the wait at once.
-pub const KAFKA_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a role waits at start for a broker to answer before it starts
+/// anyway; a refused password or certificate ends the wait at once.
+pub const KAFKA_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone, Default, Args)]
 pub struct DatabaseArgs {
@@ -174,7 +175,7 @@ impl KafkaArgs {
     /// [`KafkaArgs::config_for`] `brokers`, checked against the cluster.
     pub async fn connect_to(&self, brokers: &str) -> anyhow::Result<KafkaConfig> {
         let kafka = self.config_for(brokers)?;
-        check(&kafka).await?;
+        check(&kafka, KAFKA_CHECK_TIMEOUT).await?;
         Ok(kafka)
     }
 }
@@ -199,24 +200,17 @@ fn check_consistent(kafka: &KafkaConfig) -> Result<(), BadConnection> {
     Ok(())
 }
 
-/// [`herald_kafka::check_connection`], with refusals as [`BadConnection`].
-pub async fn check(kafka: &KafkaConfig) -> anyhow::Result<()> {
-    match herald_kafka::check_connection(kafka, KAFKA_CHECK_TIMEOUT).await {
-        Ok(()) => Ok(()),
-        Err(e @ ConnectError::Unreachable { .. }) => Err(e.into()),
-        Err(refused) => Err(refusal(kafka, &refused).into()),
-    }
-}
-
-/// Only the refusals of [`check`]: for a command that reports on a cluster
-/// it cannot reach (`herald status`) instead of failing.
-pub async fn refuse_bad_settings(kafka: &KafkaConfig, within: Duration) -> Result<(), BadConnection> {
+/// [`herald_kafka::check_connection`]: a refusal (credentials, TLS,
+/// settings) is [`BadConnection`]; a cluster that does not answer within
+/// `within` is only a warning, because every role rides out a broker
+/// outage and one may be starting while the cluster restarts.
+pub async fn check(kafka: &KafkaConfig, within: Duration) -> Result<(), BadConnection> {
     match herald_kafka::check_connection(kafka, within).await {
-        Ok(()) | Err(ConnectError::Unreachable { .. }) => Ok(()),
-        Err(refused) => Err(refusal(kafka, &refused)),
+        Ok(()) => Ok(()),
+        Err(unreachable @ ConnectError::Unreachable { .. }) => {
+            warn!(error = %unreachable, "starting without an answer from Kafka; its clients keep trying");
+            Ok(())
+        }
+        Err(refused) => Err(BadConnection(format!("{refused} (brokers {})", kafka.brokers()))),
     }
-}
-
-fn refusal(kafka: &KafkaConfig, refused: &ConnectError) -> BadConnection {
-    BadConnection(format!("{refused} (brokers {})", kafka.brokers()))
 }

@@ -48,7 +48,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let probe = match &args.kafka.brokers {
         Some(brokers) => {
             let kafka = args.kafka.config_for(brokers)?;
-            crate::connection::refuse_bad_settings(&kafka, args.kafka_timeout).await?;
+            crate::connection::check(&kafka, args.kafka_timeout).await?;
             let topics = args.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
             Some(KafkaProbe::new(&kafka, &topics, &args.group_prefix, &names, args.kafka_timeout)?)
         }

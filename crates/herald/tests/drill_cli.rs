@@ -15,18 +15,35 @@ use serde_json::Value;
 /// One drill at a time: each starts three brokers and a dozen processes.
 static ONE_DRILL: Mutex<()> = Mutex::new(());
 
+/// Runs a drill with a database password and an API token (the test server
+/// trusts local connections, so the password is carried without being
+/// checked) at `RUST_LOG=debug`; neither may appear in what it prints.
 fn drill(extra: &[&str]) -> Value {
     let server = std::env::var("HERALD_TEST_DATABASE_URL").expect("HERALD_TEST_DATABASE_URL is not set: run the tests with scripts/test");
+    let password = format!("dbpw-{}", uuid::Uuid::new_v4().simple());
+    let token = format!("tok-{}", uuid::Uuid::new_v4().simple());
+    let server = server.replacen("postgres://postgres@", &format!("postgres://postgres:{password}@"), 1);
+    assert!(server.contains(&password), "unexpected HERALD_TEST_DATABASE_URL shape: {server}");
     let _one = ONE_DRILL.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["drill", "--kill-every", "2s", "--drain-timeout", "150s", "--json"])
         .args(["--broker-kill-every", "12s", "--broker-down", "3s"])
-        .args(["--database", &server, "--kafka-home", &kafka_home()])
+        .args(["--kafka-home", &kafka_home()])
         .args(extra)
+        .env("HERALD_DATABASE_URL", &server)
+        .env("HERALD_DRILL_TOKEN", &token)
+        .env("RUST_LOG", "debug")
+        .env_remove("HERALD_LOG")
         .output()
         .expect("run herald drill");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    for secret in [&password, &token] {
+        assert!(
+            !stdout.contains(secret.as_str()) && !stderr.contains(secret.as_str()),
+            "a secret is shown by the drill:\n{stdout}\n{stderr}"
+        );
+    }
     let report: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
     assert_eq!(out.status.code(), Some(0), "{report:#}\n{stderr}");
     report

@@ -29,7 +29,9 @@ struct Secrets {
 
 impl Secrets {
     fn assert_absent(&self, what: &str, text: &str) {
-        for (name, secret) in [("database password", &self.db_password), ("API token", &self.token), ("Kafka password", &self.kafka_password)] {
+        for (name, secret) in
+            [("database password", &self.db_password), ("API token", &self.token), ("Kafka password", &self.kafka_password)]
+        {
             assert!(!text.contains(secret.as_str()), "the {name} appears in {what}:\n{}", excerpt(text, secret));
         }
     }
@@ -60,7 +62,8 @@ async fn deployment(broker: &SecureBroker) -> anyhow::Result<Deployment> {
     };
     // The test server trusts local connections, so the password is carried
     // (and must be hidden) without being checked.
-    let with_password = test_db.url.replacen("postgres://postgres@127.0.0.1:", &format!("postgres://postgres:{}@localhost:", secrets.db_password), 1);
+    let with_password =
+        test_db.url.replacen("postgres://postgres@127.0.0.1:", &format!("postgres://postgres:{}@localhost:", secrets.db_password), 1);
     anyhow::ensure!(with_password != test_db.url, "unexpected test database URL {}", test_db.url);
     let dir = tempfile::tempdir()?;
     let mut env = broker.env("SCRAM-SHA-512");
@@ -187,7 +190,11 @@ async fn every_role_runs_through_sasl_ssl_and_verify_full_and_shows_no_secret() 
         deployment.start("consume-search", level, &["consume", "search"])?,
         deployment.start("consume-stats", level, &["consume", "stats"])?,
         deployment.start("consume-notify", level, &["consume", "notify", "--start-at", "latest"])?,
-        deployment.start("dispatch", level, &["dispatch", "--notify-url", &sim, "--notify-idempotent", "true", "--notify-queryable", "true"])?,
+        deployment.start(
+            "dispatch",
+            level,
+            &["dispatch", "--notify-url", &sim, "--notify-idempotent", "true", "--notify-queryable", "true"],
+        )?,
     ];
     wait_healthy(&base).await?;
     let job_id = export_reaches_search(&base, &deployment.secrets.token, "secure").await?;
@@ -221,7 +228,13 @@ async fn serve_at_trace_shows_no_secret() -> anyhow::Result<()> {
 
 /// `herald <args>` with the secure listener's flags but `mechanism`, the
 /// password and the CA replaced as given: its exit code and stderr.
-async fn refused(broker: &SecureBroker, args: &[&str], mechanism: &str, password: &str, ca: &Path) -> anyhow::Result<(Option<i32>, String)> {
+async fn refused(
+    broker: &SecureBroker,
+    args: &[&str],
+    mechanism: &str,
+    password: &str,
+    ca: &Path,
+) -> anyhow::Result<(Option<i32>, String)> {
     let test_db = postgres_db().await?;
     let mut flags = broker.flags(mechanism);
     let at = |flag: &str, flags: &[String]| flags.iter().position(|f| f == flag).map(|i| i + 1).unwrap_or_default();
@@ -245,7 +258,8 @@ async fn refused(broker: &SecureBroker, args: &[&str], mechanism: &str, password
 async fn a_wrong_password_is_refused_at_start_with_exit_2() -> anyhow::Result<()> {
     let broker = secure_broker()?;
     let wrong = format!("wrong-{}", uuid::Uuid::new_v4().simple());
-    for (args, mechanism) in [(&["relay"][..], "SCRAM-SHA-512"), (&["consume", "search"][..], "PLAIN"), (&["status"][..], "SCRAM-SHA-512")] {
+    for (args, mechanism) in [(&["relay"][..], "SCRAM-SHA-512"), (&["consume", "search"][..], "PLAIN"), (&["status"][..], "SCRAM-SHA-512")]
+    {
         let (code, stderr) = refused(&broker, args, mechanism, &wrong, &broker.ca).await?;
         assert_eq!(code, Some(2), "{args:?} with {mechanism}: exit 2 for refused credentials:\n{stderr}");
         assert!(stderr.contains("refused the credentials"), "{args:?}: says why:\n{stderr}");
@@ -290,7 +304,8 @@ async fn a_database_ca_that_does_not_match_is_refused_with_exit_2() -> anyhow::R
     let url = test_db.url.replacen("postgres://postgres@127.0.0.1:", &format!("postgres://postgres:{password}@localhost:"), 1);
     let url = with_tls(&url, "verify-full", Some(&tls.untrusted_ca))?;
     for args in [&["status"][..], &["relay", "--kafka", "127.0.0.1:9"][..], &["migrate"][..]] {
-        let out = Command::new(env!("CARGO_BIN_EXE_herald")).args(args).args(["--database", &url]).env("RUST_LOG", "debug").output().await?;
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_herald")).args(args).args(["--database", &url]).env("RUST_LOG", "debug").output().await?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}:\n{stderr}");
         assert!(stderr.contains("TLS to the database failed"), "{args:?}: says why:\n{stderr}");

@@ -71,6 +71,9 @@ pub struct DrillArgs {
     /// Give up draining after this long.
     #[arg(long, default_value = "4m", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
+    /// The API token of the drill's load (caller `drill`); default: a random one.
+    #[arg(long, env = "HERALD_DRILL_TOKEN", hide_env_values = true)]
+    pub token: Option<herald_secret::Secret>,
     /// Keep the working directory (logs, broker storage, artifacts).
     #[arg(long)]
     pub keep: bool,
@@ -146,14 +149,19 @@ async fn drill(
     let kafka = KafkaConfig::new(brokers.bootstrap());
     create_topics(&kafka, &topics).await?;
     let artifacts = work.join("artifacts");
+    let token = args.token.clone().unwrap_or_else(|| herald_secret::Secret::new(format!("drill-{}", uuid::Uuid::new_v4().simple())));
     let (api_port, sim_port) = (free_port()?, free_port()?);
     let (api, sim) = (format!("http://127.0.0.1:{api_port}"), format!("http://127.0.0.1:{sim_port}"));
     let env = vec![
         ("HERALD_DATABASE_URL".to_owned(), url.expose().to_owned()),
         ("HERALD_KAFKA_BROKERS".to_owned(), brokers.bootstrap().to_owned()),
         ("HERALD_ARTIFACTS".to_owned(), artifacts.display().to_string()),
-        ("HERALD_API_TOKENS".to_owned(), "drill-token:drill".to_owned()),
+        ("HERALD_API_TOKENS".to_owned(), format!("{}:drill", token.expose())),
         ("HERALD_GROUP_PREFIX".to_owned(), "herald".to_owned()),
+        // The processes' logs are evidence on disk, at info unless the
+        // operator asked otherwise: a RUST_LOG meant for the drill's own
+        // output would slow a dozen processes under load.
+        ("HERALD_LOG".to_owned(), std::env::var("HERALD_LOG").unwrap_or_else(|_| "info".to_owned())),
     ];
     let mut procs = Procs::new(std::env::current_exe()?, env, work);
     for spec in specs(args.provider, api_port, &sim, &work.join("provider-ledger.sqlite"), &notify_from) {
@@ -162,7 +170,7 @@ async fn drill(
     wait_http(&format!("{api}/healthz"), Duration::from_secs(60)).await.context("the API did not come up")?;
 
     let stop_load = CancellationToken::new();
-    let load = tokio::spawn(load::Load::new(&api, "drill-token")?.run(args.rate, stop_load.clone(), args.drain_timeout));
+    let load = tokio::spawn(load::Load::new(&api, token.expose())?.run(args.rate, stop_load.clone(), args.drain_timeout));
     let started = Instant::now();
     chaos_loop(args, chaos, &mut procs, &mut brokers).await?;
     stop_load.cancel();
