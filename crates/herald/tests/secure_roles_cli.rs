@@ -313,3 +313,38 @@ async fn a_database_ca_that_does_not_match_is_refused_with_exit_2() -> anyhow::R
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn help_hides_the_values_of_secret_variables() -> anyhow::Result<()> {
+    let secret = format!("s3cret-{}", uuid::Uuid::new_v4().simple());
+    let secret_vars = [
+        ("HERALD_DATABASE_URL", format!("postgres://herald:{secret}@db.internal/herald")),
+        ("HERALD_KAFKA_SASL_PASSWORD", secret.clone()),
+        ("HERALD_API_TOKENS", format!("{secret}:alice")),
+        ("HERALD_KAFKA_PROPERTIES", format!("ssl.key.password={secret}")),
+        ("HERALD_DRILL_TOKEN", secret.clone()),
+    ];
+    for command in ["serve", "api", "worker", "relay", "consume", "dispatch", "status", "rebuild", "audit", "drill", "migrate"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_herald")).args([command, "--help"]).envs(secret_vars.iter().cloned()).output().await?;
+        let shown = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{command} --help: {shown}");
+        assert!(!shown.contains(&secret), "`herald {command} --help` shows a secret variable's value:\n{}", excerpt(&shown, &secret));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_token_entry_is_refused_without_being_echoed() -> anyhow::Result<()> {
+    let db = herald_testkit::sqlite_db()?;
+    let token = format!("s3cret-{}", uuid::Uuid::new_v4().simple());
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["api", "--listen", "127.0.0.1:0", "--database", &db.url, "--tokens", &format!("fine:alice,{token}")])
+        .env_remove("HERALD_KAFKA_BROKERS")
+        .output()
+        .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("entry 2"), "names the entry by position: {stderr}");
+    assert!(!stderr.contains(&token) && !String::from_utf8_lossy(&out.stdout).contains(&token), "echoed: {stderr}");
+    Ok(())
+}
