@@ -94,15 +94,22 @@ impl Deployment {
         Ok(Role { name: name.to_owned(), child: command.spawn()?, out, err })
     }
 
-    /// `herald status --json` through the secure listener: its output, checked.
-    async fn status(&self, level: &str) -> anyhow::Result<serde_json::Value> {
+    /// A command that runs to its end, with this deployment's settings:
+    /// its exit code and stdout, once neither output shows a secret.
+    async fn run_once(&self, args: &[&str], level: &str) -> anyhow::Result<(Option<i32>, String)> {
         let mut command = Command::new(env!("CARGO_BIN_EXE_herald"));
-        command.args(["status", "--json"]).env_remove("HERALD_LOG").env("RUST_LOG", level).envs(self.env.iter().cloned());
+        command.args(args).env_remove("HERALD_LOG").env("RUST_LOG", level).envs(self.env.iter().cloned());
         let out = command.output().await?;
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-        self.secrets.assert_absent(&format!("herald status at {level} (stdout)"), &stdout);
-        self.secrets.assert_absent(&format!("herald status at {level} (stderr)"), &stderr);
-        anyhow::ensure!(out.status.success(), "herald status failed: {stderr}");
+        self.secrets.assert_absent(&format!("herald {args:?} at {level} (stdout)"), &stdout);
+        self.secrets.assert_absent(&format!("herald {args:?} at {level} (stderr)"), &stderr);
+        Ok((out.status.code(), stdout.into_owned()))
+    }
+
+    /// `herald status --json` through the secure listener: its output, checked.
+    async fn status(&self, level: &str) -> anyhow::Result<serde_json::Value> {
+        let (code, stdout) = self.run_once(&["status", "--json"], level).await?;
+        anyhow::ensure!(code == Some(0), "herald status exited with {code:?}");
         Ok(serde_json::from_str(&stdout)?)
     }
 
@@ -210,6 +217,15 @@ async fn every_role_runs_through_sasl_ssl_and_verify_full_and_shows_no_secret() 
     for role in roles {
         stop_and_check(role, &deployment.secrets).await?;
     }
+    // The commands that run to an end, on the same settings.
+    let (code, _) = deployment.run_once(&["rebuild", "search", "--json"], "debug").await?;
+    assert_eq!(code, Some(0), "a rebuild replays the history through SASL_SSL");
+    let (code, _) = deployment
+        .run_once(&["snapshot", "search", "--out", &deployment.dir.path().join("search.snapshot").display().to_string()], "debug")
+        .await?;
+    assert_eq!(code, Some(0), "a snapshot reads the group's positions through SASL_SSL");
+    let (code, report) = deployment.run_once(&["audit", "--json"], "debug").await?;
+    assert_eq!(code, Some(0), "the audit reads the topics through SASL_SSL and finds every invariant held: {report}");
     Ok(())
 }
 
