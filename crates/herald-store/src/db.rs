@@ -38,10 +38,14 @@ impl Db {
             // SQLite has one writer. One connection per process turns writer
             // contention into queueing instead of SQLITE_BUSY errors midway
             // through a transaction; the embedded default is one process.
+            // `synchronous = FULL`: in WAL mode NORMAL can lose the last
+            // acknowledged commits on a power loss, and an acknowledged intake
+            // or a committed effect must survive one (BENCHMARKS.md, "SQLite
+            // durability": about 7× fewer single-row commits per second).
             Backend::Sqlite => AnyPoolOptions::new().max_connections(1).after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute(
-                        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; PRAGMA synchronous = NORMAL;",
+                        "PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 10000; PRAGMA foreign_keys = ON; PRAGMA synchronous = FULL;",
                     )
                     .await?;
                     Ok(())

@@ -26,7 +26,9 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         use sqlx::Error as E;
         match &e {
-            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed | E::Tls(_) => StoreError::Unavailable(e),
+            // A protocol error is a connection that broke mid-message (a
+            // proxy or a failover cutting it), not a bad statement.
+            E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed | E::Tls(_) | E::Protocol(_) => StoreError::Unavailable(e),
             E::Database(db) if is_transient(db.code().as_deref()) => StoreError::Unavailable(e),
             E::Configuration(_) | E::Migrate(_) => StoreError::Config(e.to_string()),
             _ => StoreError::Query(e),
@@ -50,18 +52,24 @@ fn is_transient(code: Option<&str>) -> bool {
 }
 
 /// Postgres: connection exceptions (08), serialization failure and deadlock,
-/// insufficient resources (53: disk full, out of memory, too many
-/// connections), lock not available, statement cancelled (a timeout), admin
-/// or crash shutdown and cannot connect now (57P0x), system I/O errors (58).
+/// outcome unknown (40003), insufficient resources (53: disk full, out of
+/// memory, too many connections), lock not available, statement cancelled (a
+/// timeout), admin or crash shutdown, cannot connect now and idle-session
+/// timeout (57P0x), system I/O errors (58); and a read-only transaction
+/// (25006) or an idle-in-transaction timeout (25P03), which is what a
+/// session meets when a failover left it on a standby or cut it off.
 fn postgres_transient(sqlstate: &str) -> bool {
     matches!(&sqlstate[..2], "08" | "53" | "58")
-        || matches!(sqlstate, "40001" | "40P01" | "55P03" | "57014" | "57P01" | "57P02" | "57P03" | "57P04")
+        || matches!(sqlstate, "25006" | "25P03" | "40001" | "40003" | "40P01" | "55P03" | "57014")
+        || sqlstate.starts_with("57P0")
 }
 
 /// SQLite, by primary code (the low byte of an extended code): busy, locked,
-/// out of memory, I/O error, disk full.
+/// out of memory, read-only (a file or directory whose permissions changed,
+/// a read-only remount), I/O error, disk full, cannot open (a volume not yet
+/// mounted), WAL protocol race.
 fn sqlite_transient(code: u32) -> bool {
-    matches!(code & 0xff, 5 | 6 | 7 | 10 | 13)
+    matches!(code & 0xff, 5 | 6 | 7 | 8 | 10 | 13 | 14 | 15)
 }
 
 #[cfg(test)]
@@ -88,5 +96,29 @@ mod tests {
             assert!(!is_transient(Some(code)), "sqlite {code} should not be retried");
         }
         assert!(!is_transient(None));
+    }
+
+    #[test]
+    fn a_read_only_transaction_after_a_failover_is_transient() {
+        // read_only_sql_transaction, idle_in_transaction_session_timeout,
+        // idle_session_timeout, transaction outcome unknown.
+        for code in ["25006", "25P03", "57P05", "40003"] {
+            assert!(is_transient(Some(code)), "{code} should be retried");
+        }
+    }
+
+    #[test]
+    fn sqlite_read_only_and_cannot_open_are_transient() {
+        // READONLY and its extended codes (RECOVERY, CANTLOCK, ROLLBACK,
+        // DBMOVED, DIRECTORY); CANTOPEN and CANTOPEN_ISDIR…; PROTOCOL.
+        for code in ["8", "264", "520", "776", "1032", "1544", "14", "270", "526", "15"] {
+            assert!(is_transient(Some(code)), "sqlite {code} should be retried");
+        }
+    }
+
+    #[test]
+    fn a_protocol_error_is_unavailable() {
+        let error = super::StoreError::from(sqlx::Error::Protocol("unexpected message during failover".into()));
+        assert!(error.is_retryable(), "{error}");
     }
 }
