@@ -1,6 +1,8 @@
 //! Typed event data and its Avro binary codec (one datum, no container header).
 
 use apache_avro::{Schema, from_avro_datum, from_value, to_avro_datum, to_value};
+use std::ops::RangeInclusive;
+
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{EnvelopeError, schema};
@@ -59,8 +61,47 @@ pub trait EventData: Serialize + DeserializeOwned {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }
         // A string cut short by the end of input arrives here as null.
-        from_value(&value).map_err(named)
+        let data: Self = from_value(&value).map_err(named)?;
+        data.check_ranges().map_err(|e| EnvelopeError::OutOfRange {
+            schema: writer_file.to_owned(),
+            field: e.field,
+            value: e.value,
+            min: *e.allowed.start(),
+            max: *e.allowed.end(),
+        })?;
+        Ok(data)
     }
+
+    /// The first number outside what Herald can act on, as (field, value,
+    /// the allowed range): a record is data from outside this process, and a
+    /// negative size or a timestamp a thousand years out would otherwise
+    /// reach sums, guards and columns unchecked.
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        Ok(())
+    }
+}
+
+/// A field whose value is outside what Herald accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfRange {
+    pub field: &'static str,
+    pub value: i64,
+    pub allowed: RangeInclusive<i64>,
+}
+
+/// Epoch milliseconds Herald accepts in a record: from 1970 to the year 3000.
+pub const TIME_MS: RangeInclusive<i64> = 0..=32_503_680_000_000;
+/// Business versions: non-negative and exact as a JSON number.
+pub const VERSION: RangeInclusive<i64> = 0..=(1 << 53);
+/// Result sizes: up to 1 TiB, so a day's counter of one caller and format
+/// holds millions of them before its 64-bit sum could overflow.
+pub const SIZE_BYTES: RangeInclusive<i64> = 0..=(1 << 40);
+/// Attempts of one job.
+pub const ATTEMPTS: RangeInclusive<i64> = 0..=1_000_000;
+
+/// `Err` naming `field` when `value` is outside `allowed`.
+fn within(field: &'static str, value: i64, allowed: RangeInclusive<i64>) -> Result<(), OutOfRange> {
+    if allowed.contains(&value) { Ok(()) } else { Err(OutOfRange { field, value, allowed }) }
 }
 
 /// The first field of the writer's record whose bytes do not decode, so the
@@ -97,6 +138,11 @@ pub struct ExportRequested {
 impl EventData for ExportRequested {
     const EVENT_TYPE: &'static str = "herald.export.requested";
     const SCHEMA_FILE: &'static str = "export.requested.v1.avsc";
+
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        within("requested_at_ms", self.requested_at_ms, TIME_MS)?;
+        within("version", self.version, VERSION)
+    }
 }
 
 /// `herald.export.completed`: the fact three downstreams build on. Written
@@ -128,6 +174,12 @@ fn default_content_type() -> String {
 impl EventData for ExportCompleted {
     const EVENT_TYPE: &'static str = "herald.export.completed";
     const SCHEMA_FILE: &'static str = "export.completed.v2.avsc";
+
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        within("size_bytes", self.size_bytes, SIZE_BYTES)?;
+        within("completed_at_ms", self.completed_at_ms, TIME_MS)?;
+        within("version", self.version, VERSION)
+    }
 }
 
 /// `herald.export.completed` as a consumer built before v2 reads it. Kept so
@@ -148,6 +200,12 @@ pub struct ExportCompletedV1 {
 impl EventData for ExportCompletedV1 {
     const EVENT_TYPE: &'static str = "herald.export.completed";
     const SCHEMA_FILE: &'static str = "export.completed.v1.avsc";
+
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        within("size_bytes", self.size_bytes, SIZE_BYTES)?;
+        within("completed_at_ms", self.completed_at_ms, TIME_MS)?;
+        within("version", self.version, VERSION)
+    }
 }
 
 /// `herald.export.failed`: the job spent its attempt budget.
@@ -166,6 +224,12 @@ pub struct ExportFailed {
 impl EventData for ExportFailed {
     const EVENT_TYPE: &'static str = "herald.export.failed";
     const SCHEMA_FILE: &'static str = "export.failed.v1.avsc";
+
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        within("attempts", self.attempts, ATTEMPTS)?;
+        within("failed_at_ms", self.failed_at_ms, TIME_MS)?;
+        within("version", self.version, VERSION)
+    }
 }
 
 /// `herald.export.deleted`: the job and its result are gone. The schema is
@@ -181,6 +245,11 @@ pub struct ExportDeleted {
 impl EventData for ExportDeleted {
     const EVENT_TYPE: &'static str = "herald.export.deleted";
     const SCHEMA_FILE: &'static str = "export.deleted.v1.avsc";
+
+    fn check_ranges(&self) -> Result<(), OutOfRange> {
+        within("deleted_at_ms", self.deleted_at_ms, TIME_MS)?;
+        within("version", self.version, VERSION)
+    }
 }
 
 #[cfg(test)]
@@ -237,6 +306,31 @@ mod tests {
         let err = ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).unwrap_err().to_string();
         assert!(err.contains("allocate") && err.contains("field `job_id`"), "{err}");
         assert_eq!(apache_avro::util::max_allocation_bytes(0), MAX_AVRO_ALLOCATION);
+    }
+
+    #[test]
+    fn a_number_out_of_range_is_refused_naming_its_field() {
+        let cases = [
+            ("size_bytes", ExportCompleted { size_bytes: i64::MAX, ..completed() }),
+            ("size_bytes", ExportCompleted { size_bytes: -1, ..completed() }),
+            ("completed_at_ms", ExportCompleted { completed_at_ms: -5, ..completed() }),
+            ("completed_at_ms", ExportCompleted { completed_at_ms: 253_402_300_800_000, ..completed() }),
+            ("version", ExportCompleted { version: i64::MAX, ..completed() }),
+        ];
+        for (field, data) in cases {
+            let bytes = data.to_avro().unwrap();
+            match ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes) {
+                Err(EnvelopeError::OutOfRange { field: named, .. }) => assert_eq!(named, field),
+                other => panic!("{field}: expected out of range, got {other:?}"),
+            }
+            // A v1 reader refuses it as well.
+            assert!(matches!(ExportCompletedV1::from_avro(ExportCompleted::SCHEMA_FILE, &bytes), Err(EnvelopeError::OutOfRange { .. })));
+        }
+        let deleted = ExportDeleted { job_id: "j".into(), caller: "c".into(), deleted_at_ms: -1, version: 1 };
+        let err = ExportDeleted::from_avro(ExportDeleted::SCHEMA_FILE, &deleted.to_avro().unwrap()).unwrap_err().to_string();
+        assert!(err.contains("field `deleted_at_ms` out of range: -1"), "{err}");
+        let limits = ExportCompleted { size_bytes: 1 << 40, completed_at_ms: 0, version: 0, ..completed() };
+        assert_eq!(ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &limits.to_avro().unwrap()).unwrap(), limits);
     }
 
     #[test]

@@ -27,4 +27,12 @@ pub enum EnvelopeError {
     /// The data does not decode (or encode) with the named schema.
     #[error("data does not match schema {schema}: {reason}")]
     Data { schema: String, reason: String },
+    /// The record's source is not among those this consumer accepts
+    /// (`--accept-source`): a stranger's record, refused whatever it says.
+    #[error("untrusted source `{0}`: not among the sources this subscription accepts (--accept-source)")]
+    UntrustedSource(String),
+    /// A number decoded fine but is outside what Herald can act on (a
+    /// negative size, a timestamp in the year 9999).
+    #[error("data of schema {schema}: field `{field}` out of range: {value} (allowed {min}..={max})")]
+    OutOfRange { schema: String, field: &'static str, value: i64, min: i64, max: i64 },
 }

@@ -53,11 +53,14 @@ pub fn decode_any(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> {
 /// [`decode_any`] with the writer schemas of `registry`.
 pub fn decode_any_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
     let has_ce = msg.headers().is_some_and(|h| h.iter().any(|h| h.key.starts_with("ce_")));
-    if has_ce {
-        return decode_record_with(msg, registry);
-    }
-    let value = msg.payload().ok_or_else(|| EnvelopeError::NotCloudEvent("no ce_* headers and no value".into()))?;
-    decode_legacy(value)
+    let event = if has_ce {
+        decode_record_with(msg, registry)?
+    } else {
+        let value = msg.payload().ok_or_else(|| EnvelopeError::NotCloudEvent("no ce_* headers and no value".into()))?;
+        decode_legacy(value)?
+    };
+    registry.sources().check(&event.key.source)?;
+    Ok(event)
 }
 
 /// Decodes and normalises a legacy envelope.

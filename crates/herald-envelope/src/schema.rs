@@ -14,6 +14,7 @@ use apache_avro::Schema;
 
 use crate::EnvelopeError;
 use crate::compat::parse_file_name;
+use crate::trust::Sources;
 
 /// Prefix of a `dataschema` value; the rest is the file name under `schemas/`.
 pub const DATASCHEMA_PREFIX: &str = "herald:schemas/";
@@ -28,10 +29,13 @@ pub const FILES: &[(&str, &str)] = &[
     ("export.deleted.v1.avsc", include_str!("../../../schemas/export.deleted.v1.avsc")),
 ];
 
-/// The writer schemas a process knows, by file name. Cheap to clone.
+/// The writer schemas a process knows, by file name, and the sources whose
+/// records it accepts ([`Sources`]; Herald's own unless told otherwise).
+/// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Registry {
     schemas: Arc<BTreeMap<String, Arc<Schema>>>,
+    sources: Sources,
 }
 
 impl Registry {
@@ -49,9 +53,19 @@ impl Registry {
                         ((*name).to_owned(), Arc::new(schema))
                     })
                     .collect();
-                Registry { schemas: Arc::new(schemas) }
+                Registry { schemas: Arc::new(schemas), sources: Sources::herald() }
             })
             .clone()
+    }
+
+    /// This registry accepting records from `sources` instead.
+    pub fn accepting(mut self, sources: Sources) -> Registry {
+        self.sources = sources;
+        self
+    }
+
+    pub fn sources(&self) -> &Sources {
+        &self.sources
     }
 
     /// This registry plus `file` (named `<subject>.v<N>.avsc`) with schema `text`.
@@ -67,7 +81,7 @@ impl Registry {
         let schema = Schema::parse_str(text).map_err(|e| bad(e.to_string()))?;
         let mut schemas = (*self.schemas).clone();
         schemas.insert(file.to_owned(), Arc::new(schema));
-        Ok(Registry { schemas: Arc::new(schemas) })
+        Ok(Registry { schemas: Arc::new(schemas), sources: self.sources.clone() })
     }
 
     /// The schema of `file`, or `unknown schema <file>`.

@@ -41,8 +41,14 @@ impl Projection for Stats {
         let mut sums: BTreeMap<CounterKey, (i64, i64)> = BTreeMap::new();
         for data in facts {
             let sum = sums.entry((day_of(data.completed_at_ms), data.caller.clone(), data.format.clone())).or_default();
+            // Sizes are range-checked when decoded; a batch of them can still
+            // overflow in theory, and then the batch is split record by
+            // record rather than wrapping or panicking.
             sum.0 += 1;
-            sum.1 += data.size_bytes;
+            sum.1 = sum
+                .1
+                .checked_add(data.size_bytes)
+                .ok_or_else(|| HandlerError::Reject(format!("field `size_bytes`: the sum for {} overflows 64 bits", data.caller)))?;
         }
         increment(tx, generation, &sums).await?;
         Ok(())

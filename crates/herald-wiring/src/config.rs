@@ -6,6 +6,7 @@ use std::path::Path;
 
 use clap::Args;
 use herald_api::Tokens;
+use herald_envelope::{Registry, Sources};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_secret::{Secret, SecretUrl};
 use tempfile::TempDir;
@@ -34,9 +35,26 @@ pub struct Backends {
     /// Prefix of consumer group ids (`<prefix>.<subscription>`).
     #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
     pub group_prefix: String,
+    /// Sources whose records the subscriptions apply: exact, or a prefix
+    /// ending in `*` (repeatable; comma-separated in the variable). A record
+    /// from any other is dead-lettered as `untrusted source`. Default:
+    /// Herald's own, `/herald/exports`.
+    #[arg(long = "accept-source", env = "HERALD_ACCEPT_SOURCES", value_delimiter = ',')]
+    pub accept_sources: Vec<String>,
     /// API tokens as token:caller,token:caller; default: one printed at start.
     #[arg(long, env = "HERALD_API_TOKENS", hide_env_values = true)]
     pub tokens: Option<Secret>,
+}
+
+impl Backends {
+    /// The embedded schemas, accepting the sources `--accept-source` names.
+    pub fn registry(&self) -> Result<Registry, BadConnection> {
+        if self.accept_sources.is_empty() {
+            return Ok(Registry::embedded());
+        }
+        let sources = Sources::new(self.accept_sources.iter().cloned()).map_err(|e| BadConnection(format!("--accept-source: {e}")))?;
+        Ok(Registry::embedded().accepting(sources))
+    }
 }
 
 /// Resolved backends plus whatever must stay alive for them.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use herald_api::{AppState, Tokens};
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
+use herald_envelope::Registry;
 use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
@@ -77,6 +78,9 @@ pub struct RoleOptions {
     /// Where the notify subscription starts if its group has no committed
     /// offset and the events topic holds history (`--notify-start-at`).
     pub notify_start_at: Option<StartAt>,
+    /// Schemas the subscriptions decode and the sources they accept
+    /// (`--accept-source`).
+    pub registry: Registry,
 }
 
 /// What the dispatcher role needs.
@@ -96,6 +100,7 @@ impl Default for RoleOptions {
             orphan_grace: Duration::from_secs(600),
             dispatch: None,
             notify_start_at: None,
+            registry: Registry::embedded(),
         }
     }
 }
@@ -204,7 +209,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             if let Some(monitor) = &monitor {
                 publish_subscription_counters(monitor, name.as_str(), &metrics);
             }
-            tasks.spawn(subscription(name, wiring.clone(), metrics, options.notify_start_at, shutdown.clone()));
+            let subscription_options = SubscriptionOptions { registry: options.registry.clone(), ..SubscriptionOptions::default() };
+            tasks.spawn(subscription(name, wiring.clone(), subscription_options, metrics, options.notify_start_at, shutdown.clone()));
         }
     }
     if roles.dispatcher {
@@ -297,11 +303,12 @@ fn spawn_worker_roles(
 async fn subscription(
     name: subscriptions::Name,
     wiring: Wiring,
+    options: SubscriptionOptions,
     metrics: Arc<Metrics>,
     start_at: Option<StartAt>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
-    subscriptions::run_from(name, &wiring.db, &sub, &SubscriptionOptions::default(), &metrics, start_at, shutdown).await?;
+    subscriptions::run_from(name, &wiring.db, &sub, &options, &metrics, start_at, shutdown).await?;
     Ok(())
 }

@@ -72,6 +72,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         max_batch: args.max_batch as usize,
         order: args.order,
         faults: args.fault.clone().map(Spec::hook).unwrap_or_default(),
+        registry: args.backends.registry()?,
         ..SubscriptionOptions::default()
     };
     let sub = args.subscription.subscription(&args.backends.group_prefix, &kafka, &topics.events);

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use clap::Args;
 use herald_export::LeasePolicy;
-use herald_fault::Hook;
 
 use crate::pipeline::RoleOptions;
 
@@ -40,12 +39,11 @@ impl LifecycleArgs {
                 ..LeasePolicy::default()
             },
             quota: self.quota,
-            // `HERALD_FAULT` is read once per process, by whoever starts its roles.
-            faults: Hook::none(),
+            // `HERALD_FAULT` (like `--accept-source` and the dispatcher) is
+            // set by whoever starts the roles.
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
-            dispatch: None,
-            notify_start_at: None,
+            ..RoleOptions::default()
         })
     }
 }
