@@ -39,7 +39,7 @@ impl Capabilities {
 pub enum SendOutcome {
     /// 2xx with a receipt: the provider accepted this key and body.
     Accepted { receipt: String },
-    /// Any other status, read whole. `retry_after`: the provider's
+    /// Any other status, its body read up to `MAX_BODY_BYTES`. `retry_after`: the provider's
     /// `Retry-After`, as a delay.
     Answered { status: u16, retry_after: Option<Duration>, detail: String },
     /// The request provably did not reach the provider (connection refused,
@@ -106,11 +106,16 @@ impl ProviderClient {
         };
         let status = response.status();
         let retry_after = retry_after_of(response.headers());
-        let text = match response.text().await {
-            Ok(text) => text,
+        let (text, cut) = match read_capped(response).await {
+            Ok(read) => read,
             // The status line came but the answer did not: no evidence of success.
             Err(e) => return SendOutcome::Unknown { reason: format!("{status} with unreadable body: {e}") },
         };
+        if cut && status.is_success() {
+            // A receipt is small; a 2xx whose body does not fit is not one
+            // Herald can read, so it is no evidence either way.
+            return SendOutcome::Unknown { reason: format!("{status} with a body over {MAX_BODY_BYTES} bytes, not read") };
+        }
         classify(status.as_u16(), retry_after, text)
     }
 
@@ -120,7 +125,11 @@ impl ProviderClient {
         match response.status().as_u16() {
             404 => Ok(KeyStatus::NotFound),
             200..=299 => {
-                let body: ReceiptBody = response.json().await.map_err(|e| e.to_string())?;
+                let (text, cut) = read_capped(response).await.map_err(|e| e.to_string())?;
+                if cut {
+                    return Err(format!("status answer over {MAX_BODY_BYTES} bytes, not read"));
+                }
+                let body: ReceiptBody = serde_json::from_str(&text).map_err(|e| e.to_string())?;
                 Ok(KeyStatus::Accepted { receipt: body.receipt })
             }
             other => Err(format!("provider answered {other} to a status query")),
@@ -130,6 +139,25 @@ impl ProviderClient {
 
 /// How the reason of a call that got no answer begins.
 pub const NO_ANSWER: &str = "no answer";
+
+/// Most bytes of a provider's answer Herald reads. A provider is another
+/// party: an endless or huge body must not exhaust the dispatcher's memory,
+/// and what Herald needs (a receipt, an error's first words) is small.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The body, at most [`MAX_BODY_BYTES`] of it, and whether more was cut.
+async fn read_capped(mut response: reqwest::Response) -> Result<(String, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = MAX_BODY_BYTES - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((String::from_utf8_lossy(&body).into_owned(), true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((String::from_utf8_lossy(&body).into_owned(), false))
+}
 
 /// An error with its causes: reqwest's own message names only the URL.
 fn error_chain(e: &dyn std::error::Error) -> String {
