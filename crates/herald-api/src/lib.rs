@@ -4,9 +4,11 @@
 //! - [`problem`]: every error as `application/problem+json` (RFC 9457).
 //! - [`routes`]: the endpoints; each answers only after its transaction
 //!   committed, so a 202 is a promise the database already keeps.
+//! - [`limits`]: concurrency, per-caller rate and body size, refused with 429/413.
 //! - [`observe`]: `/metrics`, `/status`, `/status.json` from a `herald_status::Monitor`.
 
 pub mod auth;
+pub mod limits;
 pub mod observe;
 pub mod problem;
 pub mod routes;

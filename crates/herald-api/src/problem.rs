@@ -64,6 +64,14 @@ impl Problem {
         p
     }
 
+    /// The caller sent more requests than its rate, or the API is at its
+    /// concurrency limit: retry after the given seconds.
+    pub fn rate_limited(detail: impl Into<String>, retry_after_secs: u64) -> Problem {
+        let mut p = Problem::new(StatusCode::TOO_MANY_REQUESTS, "/problems/rate-limited", "Too many requests", detail);
+        p.retry_after_secs = Some(retry_after_secs);
+        p
+    }
+
     /// Infrastructure failure: the caller may retry with the same key.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable", "Temporarily unavailable", detail)

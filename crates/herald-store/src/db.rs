@@ -59,6 +59,34 @@ impl Db {
         Ok(Db { pool, backend, url })
     }
 
+    /// A pool of its own for the HTTP API on PostgreSQL: at most
+    /// `connections` sessions, each with `statement_timeout`, so a flood of
+    /// expensive requests waits for (or times out on) its own connections
+    /// instead of taking the ones the relay and the subscriptions need. On
+    /// SQLite, which has one writer and the embedded default's single
+    /// process, the same pool (no statement timeout exists there).
+    pub async fn api_pool(&self, connections: u32, statement_timeout: Duration) -> Result<Db, StoreError> {
+        if self.backend == Backend::Sqlite {
+            return Ok(self.clone());
+        }
+        let options =
+            AnyConnectOptions::from_str(self.url.expose()).map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?;
+        let timeout_ms = statement_timeout.as_millis();
+        let pool = AnyPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(statement_timeout.max(Duration::from_secs(1)))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    conn.execute(format!("SET statement_timeout = {timeout_ms}").as_str()).await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(refused_at_connect)?;
+        Ok(Db { pool, backend: self.backend, url: self.url.clone() })
+    }
+
     /// Connects and applies every pending migration of the backend.
     pub async fn connect_and_migrate(url: &str) -> Result<Db, StoreError> {
         let db = Db::connect(url).await?;

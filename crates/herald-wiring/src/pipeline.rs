@@ -81,6 +81,8 @@ pub struct RoleOptions {
     /// Schemas the subscriptions decode and the sources they accept
     /// (`--accept-source`).
     pub registry: Registry,
+    /// What callers may ask of the API at once.
+    pub api_limits: herald_api::limits::Limits,
 }
 
 /// What the dispatcher role needs.
@@ -101,9 +103,17 @@ impl Default for RoleOptions {
             dispatch: None,
             notify_start_at: None,
             registry: Registry::embedded(),
+            api_limits: herald_api::limits::Limits::default(),
         }
     }
 }
+
+/// Connections of the HTTP API's own pool (PostgreSQL): requests beyond
+/// them queue, while the relay and subscriptions keep theirs.
+pub const API_CONNECTIONS: u32 = 8;
+/// Longest an API statement runs (and a request waits for a connection)
+/// before it answers 503.
+pub const API_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Roles running in this process.
 pub struct Running {
@@ -176,9 +186,11 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             policy: options.policy.clone(),
             faults: options.faults.clone(),
         };
-        let state = AppState { db: wiring.db.clone(), intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
+        let api_db = wiring.db.api_pool(API_CONNECTIONS, API_STATEMENT_TIMEOUT).await?;
+        let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
         let figures = start_monitor(&wiring)?;
-        let app = herald_api::router(state).merge(herald_api::observe::routes(figures.clone()));
+        let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone());
+        let app = limited.merge(herald_api::observe::routes(figures.clone()));
         tasks.spawn(api(listener, app, shutdown.clone()));
         tasks.spawn({
             let (figures, shutdown) = (figures.clone(), shutdown.clone());

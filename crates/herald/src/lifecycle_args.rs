@@ -1,8 +1,10 @@
 //! Flags of the job lifecycle shared by `serve` and `worker`.
 
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
+use herald_api::limits::Limits;
 use herald_export::LeasePolicy;
 
 use crate::pipeline::RoleOptions;
@@ -27,6 +29,15 @@ pub struct LifecycleArgs {
     /// Unfinished jobs one caller may have before intake answers 429.
     #[arg(long, env = "HERALD_QUOTA", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     pub quota: i64,
+    /// API requests handled at once; more are answered 429.
+    #[arg(long, env = "HERALD_API_CONCURRENCY", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_concurrency: u32,
+    /// API requests per second one caller may make (sustained); more are answered 429.
+    #[arg(long, env = "HERALD_API_RATE", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_rate: u32,
+    /// API requests one caller may make at once above its rate.
+    #[arg(long, env = "HERALD_API_BURST", default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_burst: u32,
 }
 
 impl LifecycleArgs {
@@ -43,6 +54,12 @@ impl LifecycleArgs {
             // set by whoever starts the roles.
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
+            api_limits: Limits {
+                concurrency: self.api_concurrency as usize,
+                per_caller_per_sec: NonZeroU32::new(self.api_rate).unwrap_or(NonZeroU32::MIN),
+                per_caller_burst: NonZeroU32::new(self.api_burst).unwrap_or(NonZeroU32::MIN),
+                ..Limits::default()
+            },
             ..RoleOptions::default()
         })
     }
