@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use herald_consumer::{Fingerprint, HandlerError, Projection};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
-use herald_store::{Db, StoreError, Tx};
+use herald_store::{Backend, Db, StoreError, Tx};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
@@ -188,17 +188,12 @@ pub async fn search(db: &Db, caller: &str, text: &str, limit: i64) -> Result<Sea
         .await?
         .try_get("generation")?;
     let pattern = format!("%{}%", escape_like(&text.to_lowercase()));
-    let rows = sqlx::query(
-        "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
-         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
-         ORDER BY completed_at_ms DESC, job_id LIMIT $4",
-    )
-    .bind(generation)
-    .bind(caller)
-    .bind(pattern)
-    .bind(limit)
-    .fetch_all(&mut *tx)
-    .await?;
+    let indexed = uses_text_index(db.backend(), text);
+    let mut query = sqlx::query(search_statement(db.backend(), indexed)).bind(generation).bind(caller).bind(pattern).bind(limit);
+    if indexed {
+        query = query.bind(fts_phrase(text));
+    }
+    let rows = query.fetch_all(&mut *tx).await?;
     tx.commit().await?;
     let hits = rows
         .iter()
@@ -226,6 +221,36 @@ pub async fn count_active(db: &Db) -> Result<i64, StoreError> {
     .fetch_one(db.pool())
     .await?;
     Ok(row.try_get("n")?)
+}
+
+/// The search's statement. Both backends filter with the exact `LIKE`; on
+/// SQLite, when the text is long enough for trigrams, the FTS5 index first
+/// narrows the rows to those containing it ($5, a phrase). PostgreSQL's
+/// trigram index serves the `LIKE` itself.
+pub fn search_statement(backend: Backend, text_index: bool) -> &'static str {
+    const PLAIN: &str = "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
+         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
+         ORDER BY completed_at_ms DESC, job_id LIMIT $4";
+    const SQLITE_INDEXED: &str = "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
+         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
+         AND rowid IN (SELECT rowid FROM search_fts WHERE search_fts MATCH $5) \
+         ORDER BY completed_at_ms DESC, job_id LIMIT $4";
+    match (backend, text_index) {
+        (Backend::Sqlite, true) => SQLITE_INDEXED,
+        _ => PLAIN,
+    }
+}
+
+/// Whether [`search_statement`] uses the SQLite text index for `text`:
+/// trigrams need three characters.
+pub fn uses_text_index(backend: Backend, text: &str) -> bool {
+    backend == Backend::Sqlite && text.chars().count() >= 3
+}
+
+/// `text` as an FTS5 phrase: quoted, its quotes doubled, so no character
+/// of it is query syntax.
+pub fn fts_phrase(text: &str) -> String {
+    format!("\"{}\"", text.replace('"', "\"\""))
 }
 
 fn escape_like(text: &str) -> String {
