@@ -79,6 +79,31 @@ async fn api_only(database: Database) -> anyhow::Result<()> {
     let (status, _, _) = common::post_export(&http, &base, ALICE, Some("second"), &export_body("csv", "two")).await?;
     assert_eq!(status, 202);
 
+    // A search text longer than any real query is refused before it runs.
+    let long = "x".repeat(herald_api::routes::MAX_SEARCH_CHARS + 1);
+    let answer = http.get(format!("{base}/v1/search")).query(&[("q", &long)]).bearer_auth(ALICE).send().await?;
+    assert_eq!(answer.status().as_u16(), 400);
+    assert_eq!(answer.headers()["content-type"], "application/problem+json");
+    let fits = "x".repeat(herald_api::routes::MAX_SEARCH_CHARS);
+    assert_eq!(http.get(format!("{base}/v1/search")).query(&[("q", &fits)]).bearer_auth(ALICE).send().await?.status().as_u16(), 200);
+
+    // What a failed attempt or a failing database says stays in the log.
+    sqlx::query("UPDATE export_jobs SET last_error = 'connect to db.internal:5432: refused', failures = 1 WHERE job_id = $1")
+        .bind(job_id)
+        .execute(db.pool())
+        .await?;
+    let job: serde_json::Value = http.get(format!("{base}/v1/exports/{job_id}")).bearer_auth(ALICE).send().await?.json().await?;
+    assert_eq!(job["last_error"], herald_export::jobs::ATTEMPT_FAILED, "{job}");
+    sqlx::query("ALTER TABLE export_jobs RENAME TO export_jobs_away").execute(db.pool()).await?;
+    let answer = http.get(format!("{base}/v1/exports/{job_id}")).bearer_auth(ALICE).send().await?;
+    let status = answer.status().as_u16();
+    let problem: serde_json::Value = answer.json().await?;
+    sqlx::query("ALTER TABLE export_jobs_away RENAME TO export_jobs").execute(db.pool()).await?;
+    assert_eq!(status, 503, "{problem}");
+    let text = problem.to_string();
+    assert!(!text.contains("export_jobs") && !text.contains("relation") && !text.contains("table"), "internal text leaked: {problem}");
+    assert!(problem["instance"].as_str().is_some_and(|i| i.starts_with("urn:herald:problem:")), "an id the log repeats: {problem}");
+
     shutdown.cancel();
     server.await??;
     Ok(())

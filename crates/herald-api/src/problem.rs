@@ -15,13 +15,17 @@ pub struct Problem {
     pub detail: String,
     #[serde(rename = "status")]
     pub status_code: u16,
+    /// This occurrence, for a failure whose cause stays in the log: the log
+    /// line carries the same id (`problem_id`), the answer nothing internal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     #[serde(skip)]
     pub retry_after_secs: Option<u64>,
 }
 
 impl Problem {
     fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Problem {
-        Problem { status, kind, title, detail: detail.into(), status_code: status.as_u16(), retry_after_secs: None }
+        Problem { status, kind, title, detail: detail.into(), status_code: status.as_u16(), instance: None, retry_after_secs: None }
     }
 
     pub fn unauthorized(detail: impl Into<String>) -> Problem {
@@ -87,8 +91,11 @@ impl From<ExportError> for Problem {
             }
             ExportError::KeyConflict { .. } => Problem::conflict("this Idempotency-Key was already used with different parameters"),
             other => {
-                error!(error = %other, "request failed");
-                Problem::unavailable("storage failed; retry with the same Idempotency-Key")
+                let id = uuid::Uuid::new_v4().simple().to_string();
+                error!(error = %other, problem_id = %id, "request failed");
+                let mut problem = Problem::unavailable(format!("storage failed; retry with the same Idempotency-Key (problem {id})"));
+                problem.instance = Some(format!("urn:herald:problem:{id}"));
+                problem
             }
         }
     }

@@ -23,6 +23,8 @@ use crate::problem::Problem;
 const MAX_KEY_LEN: usize = 255;
 /// Most hits one search returns.
 const SEARCH_LIMIT: i64 = 100;
+/// Longest search text: longer ones are no real query, only work.
+pub const MAX_SEARCH_CHARS: usize = 1024;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -142,5 +144,8 @@ async fn search_exports(
 ) -> Result<Json<search::SearchResults>, Problem> {
     let caller = state.tokens.caller(&headers)?;
     let Query(params) = params.map_err(|e| Problem::bad_request(e.body_text()))?;
+    if params.q.chars().count() > MAX_SEARCH_CHARS {
+        return Err(Problem::bad_request(format!("q is longer than {MAX_SEARCH_CHARS} characters")));
+    }
     Ok(Json(search::search(&state.db, &caller, &params.q, SEARCH_LIMIT).await?))
 }

@@ -17,6 +17,13 @@ use herald_fault::{Hook, Point};
 pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
 /// An export job as its owner sees it.
+/// What a caller sees of a failed attempt's error.
+pub const ATTEMPT_FAILED: &str = "an attempt failed; it is retried within the attempt budget";
+
+fn attempt_failed<S: serde::Serializer>(error: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+    serde::Serialize::serialize(&error.as_ref().map(|_| ATTEMPT_FAILED), serializer)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Job {
     pub job_id: String,
@@ -30,6 +37,11 @@ pub struct Job {
     pub generation: i64,
     pub attempts: i32,
     pub failures: i32,
+    /// The last failed attempt's error, as the worker logged it. Shown to
+    /// the job's owner only as that an attempt failed: the text is the
+    /// database's or the object store's and says things about the
+    /// deployment no caller needs (the worker's log line has it whole).
+    #[serde(serialize_with = "attempt_failed")]
     pub last_error: Option<String>,
     pub result_id: Option<String>,
     pub result_size: Option<i64>,
