@@ -1,24 +1,55 @@
 //! What operators look at: `GET /metrics` (Prometheus text), `GET /status`
 //! (a self-contained dashboard page) and `GET /status.json` (the figures
 //! and recent samples it plots). All three read the monitor's latest
-//! refresh; none touches the database per request. They carry aggregate
-//! figures only, no caller's data, and need no token (like `/healthz`).
+//! refresh; none touches the database per request. They carry no caller's
+//! data, but they do carry the deployment's internals (error texts of the
+//! database and the brokers, topic names, relay owners): served either on a
+//! listener of their own (`--observe-listen`, for the network to guard) or,
+//! on the API's listener, only to the observer's bearer token. The
+//! dashboard page holds no figures and stays open; it sends the token it
+//! finds in its URL's fragment (`/status#token=…`, never sent to a server).
 
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::header;
-use axum::response::{Html, IntoResponse};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use herald_secret::Secret;
 use herald_status::{DASHBOARD_HTML, Monitor};
 
-pub fn routes(monitor: Arc<Monitor>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/status", get(|| async { Html(DASHBOARD_HTML) }))
-        .route("/status.json", get(status_json))
-        .with_state(monitor)
+use crate::problem::Problem;
+
+/// Who may read the figures.
+#[derive(Debug, Clone)]
+pub enum Access {
+    /// Anyone who reaches the listener (a listener of their own, or tests).
+    Open,
+    /// Requests with `Authorization: Bearer <token>`.
+    Bearer(Secret),
+}
+
+pub fn routes(monitor: Arc<Monitor>, access: Access) -> Router {
+    let figures = Router::new().route("/metrics", get(metrics)).route("/status.json", get(status_json)).with_state(monitor);
+    let figures = match access {
+        Access::Open => figures,
+        Access::Bearer(token) => figures.layer(middleware::from_fn_with_state(Arc::new(token), require_token)),
+    };
+    figures.route("/status", get(|| async { Html(DASHBOARD_HTML) }))
+}
+
+async fn require_token(State(token): State<Arc<Secret>>, request: Request, next: Next) -> Response {
+    if bearer(request.headers()) == Some(token.expose()) {
+        next.run(request).await
+    } else {
+        Problem::unauthorized("the figures need the observer's token: Authorization: Bearer <token>").into_response()
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }
 
 async fn metrics(State(monitor): State<Arc<Monitor>>) -> impl IntoResponse {

@@ -57,6 +57,9 @@ impl ClientContext for Observed {
                 Some(ConnectError::Authentication(reason.to_owned()))
             }
             Some(RDKafkaErrorCode::SSL) => Some(ConnectError::Tls(reason.to_owned())),
+            // The same handshake failure also arrives as a transport failure,
+            // sometimes first: its text says what it was.
+            Some(RDKafkaErrorCode::BrokerTransportFailure) if reason.contains("SSL") => Some(ConnectError::Tls(reason.to_owned())),
             _ => None,
         };
         match refused {
@@ -100,8 +103,10 @@ fn check_blocking(kafka: &KafkaConfig, within: Duration) -> Result<(), ConnectEr
         if producer.client().fetch_metadata(None, Duration::from_millis(500)).is_ok() {
             return Ok(());
         }
-        // Serves the error events the attempt queued into `Observed`.
-        producer.poll(Duration::ZERO);
+        // Serves the error events the attempt queued into `Observed`: one
+        // `poll` call serves events until its deadline, at most one if it
+        // has none, so give it a moment.
+        producer.poll(Duration::from_millis(200));
         let context = producer.context();
         if let Some(refused) = context.refused.lock().ok().and_then(|mut slot| slot.take()) {
             return Err(refused);

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
+use herald_api::observe::Access;
 use herald_api::{AppState, Tokens};
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::Registry;
@@ -83,6 +84,17 @@ pub struct RoleOptions {
     pub registry: Registry,
     /// What callers may ask of the API at once.
     pub api_limits: herald_api::limits::Limits,
+    /// Where `/metrics`, `/status` and `/status.json` are served.
+    pub observe: Observe,
+}
+
+/// Where the observation endpoints are served.
+#[derive(Debug, Clone)]
+pub enum Observe {
+    /// On the API's listener, to whom `Access` lets in.
+    OnApi(Access),
+    /// On a listener of their own at this address, open to whoever reaches it.
+    Listener(String),
 }
 
 /// What the dispatcher role needs.
@@ -104,6 +116,7 @@ impl Default for RoleOptions {
             notify_start_at: None,
             registry: Registry::embedded(),
             api_limits: herald_api::limits::Limits::default(),
+            observe: Observe::OnApi(Access::Open),
         }
     }
 }
@@ -118,6 +131,8 @@ pub const API_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Roles running in this process.
 pub struct Running {
     pub api_addr: Option<SocketAddr>,
+    /// The observation listener, when it is not the API's.
+    pub observe_addr: Option<SocketAddr>,
     /// The figures behind `/metrics` and `/status`, when the API role runs.
     pub monitor: Option<Arc<Monitor>>,
     pub shutdown: CancellationToken,
@@ -176,6 +191,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
     let mut tasks = JoinSet::new();
     let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
     let mut api_addr = None;
+    let mut observe_addr = None;
     let mut monitor = None;
     if let Some(listen) = &roles.api {
         let listener = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
@@ -190,7 +206,15 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
         let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
         let figures = start_monitor(&wiring)?;
         let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone());
-        let app = limited.merge(herald_api::observe::routes(figures.clone()));
+        let app = match &options.observe {
+            Observe::OnApi(access) => limited.merge(herald_api::observe::routes(figures.clone(), access.clone())),
+            Observe::Listener(listen) => {
+                let observer = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+                observe_addr = Some(observer.local_addr()?);
+                tasks.spawn(api(observer, herald_api::observe::routes(figures.clone(), Access::Open), shutdown.clone()));
+                limited
+            }
+        };
         tasks.spawn(api(listener, app, shutdown.clone()));
         tasks.spawn({
             let (figures, shutdown) = (figures.clone(), shutdown.clone());
@@ -234,7 +258,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             Ok(())
         });
     }
-    Ok(Running { api_addr, monitor, shutdown, tasks })
+    Ok(Running { api_addr, observe_addr, monitor, shutdown, tasks })
 }
 
 async fn api(listener: TcpListener, app: axum::Router, shutdown: CancellationToken) -> anyhow::Result<()> {

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use clap::Args;
 use herald_api::limits::Limits;
+use herald_api::observe::Access;
 use herald_export::LeasePolicy;
+use herald_secret::Secret;
 
-use crate::pipeline::RoleOptions;
+use crate::pipeline::{Observe, RoleOptions};
 
 #[derive(Debug, Clone, Args)]
 pub struct LifecycleArgs {
@@ -35,6 +37,15 @@ pub struct LifecycleArgs {
     /// API requests per second one caller may make (sustained); more are answered 429.
     #[arg(long, env = "HERALD_API_RATE", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_rate: u32,
+    /// Serve `/metrics`, `/status` and `/status.json` on this address of
+    /// their own (guard it by network) instead of on the API's listener.
+    #[arg(long, env = "HERALD_OBSERVE_LISTEN")]
+    pub observe_listen: Option<String>,
+    /// On the API's listener, the bearer token `/metrics` and `/status.json`
+    /// require; default: one made at start and printed with the dashboard's
+    /// address.
+    #[arg(long, env = "HERALD_OBSERVE_TOKEN", hide_env_values = true, conflicts_with = "observe_listen")]
+    pub observe_token: Option<Secret>,
     /// API requests one caller may make at once above its rate.
     #[arg(long, env = "HERALD_API_BURST", default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_burst: u32,
@@ -59,6 +70,11 @@ impl LifecycleArgs {
                 per_caller_per_sec: NonZeroU32::new(self.api_rate).unwrap_or(NonZeroU32::MIN),
                 per_caller_burst: NonZeroU32::new(self.api_burst).unwrap_or(NonZeroU32::MIN),
                 ..Limits::default()
+            },
+            observe: match (&self.observe_listen, &self.observe_token) {
+                (Some(listen), _) => Observe::Listener(listen.clone()),
+                (None, Some(token)) => Observe::OnApi(Access::Bearer(token.clone())),
+                (None, None) => Observe::OnApi(Access::Bearer(Secret::new(format!("observe-{}", uuid::Uuid::new_v4().simple())))),
             },
             ..RoleOptions::default()
         })

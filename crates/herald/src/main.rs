@@ -197,6 +197,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The observer token made at start, to print: one the operator gave is
+/// never shown.
+fn generated_observe_token(lifecycle: Option<&LifecycleArgs>, observe: &pipeline::Observe) -> Option<String> {
+    let given = lifecycle.is_some_and(|l| l.observe_token.is_some() || l.observe_listen.is_some());
+    match observe {
+        pipeline::Observe::OnApi(herald_api::observe::Access::Bearer(token)) if !given => Some(token.expose().to_owned()),
+        _ => None,
+    }
+}
+
 async fn serve(
     backends: Backends,
     roles: Roles,
@@ -224,10 +234,19 @@ async fn serve(
         let (client, config) = notify.dispatcher(&url, caps)?;
         options.dispatch = Some(pipeline::Dispatch { client, config });
     }
+    let generated_observer = generated_observe_token(lifecycle, &options.observe);
     let running = pipeline::start_roles(env.wiring.clone(), roles, options).await?;
     if let Some(addr) = running.api_addr {
         println!("herald listening on http://{addr}");
-        println!("dashboard http://{addr}/status, Prometheus metrics http://{addr}/metrics");
+        match (running.observe_addr, generated_observer) {
+            (Some(observe), _) => println!("dashboard http://{observe}/status, Prometheus metrics http://{observe}/metrics"),
+            (None, Some(token)) => println!(
+                "dashboard http://{addr}/status#token={token}, Prometheus metrics http://{addr}/metrics with Authorization: Bearer {token}"
+            ),
+            (None, None) => {
+                println!("dashboard http://{addr}/status, Prometheus metrics http://{addr}/metrics (with the observer token you gave)")
+            }
+        }
         if let Some(token) = &env.default_token {
             println!("API token for caller `demo`: {token}");
             println!(

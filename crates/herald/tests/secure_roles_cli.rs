@@ -25,13 +25,18 @@ struct Secrets {
     db_password: String,
     token: String,
     kafka_password: String,
+    observer: String,
 }
 
 impl Secrets {
     fn assert_absent(&self, what: &str, text: &str) {
-        for (name, secret) in
-            [("database password", &self.db_password), ("API token", &self.token), ("Kafka password", &self.kafka_password)]
-        {
+        let secrets = [
+            ("database password", &self.db_password),
+            ("API token", &self.token),
+            ("Kafka password", &self.kafka_password),
+            ("observer token", &self.observer),
+        ];
+        for (name, secret) in secrets {
             assert!(!text.contains(secret.as_str()), "the {name} appears in {what}:\n{}", excerpt(text, secret));
         }
     }
@@ -59,6 +64,7 @@ async fn deployment(broker: &SecureBroker) -> anyhow::Result<Deployment> {
         db_password: format!("dbpw-{}", uuid::Uuid::new_v4().simple()),
         token: format!("tok-{}", uuid::Uuid::new_v4().simple()),
         kafka_password: broker.password.clone(),
+        observer: format!("obs-{}", uuid::Uuid::new_v4().simple()),
     };
     // The test server trusts local connections, so the password is carried
     // (and must be hidden) without being checked.
@@ -70,6 +76,7 @@ async fn deployment(broker: &SecureBroker) -> anyhow::Result<Deployment> {
     env.extend([
         ("HERALD_DATABASE_URL", with_tls(&with_password, "verify-full", Some(&tls.ca))?),
         ("HERALD_API_TOKENS", format!("{}:alice", secrets.token)),
+        ("HERALD_OBSERVE_TOKEN", secrets.observer.clone()),
         ("HERALD_TOPIC_PREFIX", unique("secure")),
         ("HERALD_GROUP_PREFIX", unique("secure")),
         ("HERALD_ARTIFACTS", dir.path().join("artifacts").display().to_string()),
@@ -115,8 +122,10 @@ impl Deployment {
 
     /// The observation pages of the API at `base`, each checked.
     async fn check_pages(&self, base: &str) -> anyhow::Result<()> {
+        let http = reqwest::Client::new();
         for page in ["/status", "/status.json", "/metrics"] {
-            let body = reqwest::get(format!("{base}{page}")).await?.error_for_status()?.text().await?;
+            let body =
+                http.get(format!("{base}{page}")).bearer_auth(&self.secrets.observer).send().await?.error_for_status()?.text().await?;
             self.secrets.assert_absent(page, &body);
         }
         Ok(())
