@@ -35,18 +35,27 @@ pub struct Backends {
     /// Prefix of consumer group ids (`<prefix>.<subscription>`).
     #[arg(long, env = "HERALD_GROUP_PREFIX", default_value = "herald")]
     pub group_prefix: String,
-    /// Sources whose records the subscriptions apply: exact, or a prefix
-    /// ending in `*` (repeatable; comma-separated in the variable). A record
-    /// from any other is dead-lettered as `untrusted source`. Default:
-    /// Herald's own, `/herald/exports`.
-    #[arg(long = "accept-source", env = "HERALD_ACCEPT_SOURCES", value_delimiter = ',')]
-    pub accept_sources: Vec<String>,
+    #[command(flatten)]
+    pub sources: SourceArgs,
     /// API tokens as token:caller,token:caller; default: one printed at start.
     #[arg(long, env = "HERALD_API_TOKENS", hide_env_values = true)]
     pub tokens: Option<Secret>,
 }
 
-impl Backends {
+/// Which sources the subscriptions take records from; the same flag for
+/// the roles that apply records and for `herald dlq`, which applies them
+/// again, so a redrive trusts exactly what the subscription trusted.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SourceArgs {
+    /// Sources whose records the subscriptions apply: exact, or a prefix
+    /// ending in `*` (repeatable; comma-separated in the variable). A record
+    /// from any other is dead-lettered as `untrusted source`. Default:
+    /// Herald's own, `/herald/exports`.
+    #[arg(long = "accept-source", env = "HERALD_ACCEPT_SOURCES", value_delimiter = ',', global = true)]
+    pub accept_sources: Vec<String>,
+}
+
+impl SourceArgs {
     /// The embedded schemas, accepting the sources `--accept-source` names.
     pub fn registry(&self) -> Result<Registry, BadConnection> {
         if self.accept_sources.is_empty() {
@@ -54,6 +63,13 @@ impl Backends {
         }
         let sources = Sources::new(self.accept_sources.iter().cloned()).map_err(|e| BadConnection(format!("--accept-source: {e}")))?;
         Ok(Registry::embedded().accepting(sources))
+    }
+}
+
+impl Backends {
+    /// The embedded schemas, accepting the sources `--accept-source` names.
+    pub fn registry(&self) -> Result<Registry, BadConnection> {
+        self.sources.registry()
     }
 }
 

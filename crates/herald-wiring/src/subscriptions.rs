@@ -157,14 +157,14 @@ impl Handler for NamedHandler {
 
 /// Redrives `letter` through its subscription's handler, releasing the
 /// records parked behind it.
-pub async fn redrive(db: &Db, letter: &DeadLetter) -> anyhow::Result<RedriveOutcome> {
+pub async fn redrive(db: &Db, registry: &Registry, letter: &DeadLetter) -> anyhow::Result<RedriveOutcome> {
     let handler = NamedHandler::of(letter)?;
-    Ok(herald_consumer::redrive_releasing(db, &handler, &Registry::embedded(), letter).await?)
+    Ok(herald_consumer::redrive_releasing(db, &handler, registry, letter).await?)
 }
 
 /// Discards `letter`, releasing the records parked behind it through its
 /// subscription's handler.
-pub async fn discard(db: &Db, letter: &DeadLetter) -> anyhow::Result<Discarded> {
+pub async fn discard(db: &Db, registry: &Registry, letter: &DeadLetter) -> anyhow::Result<Discarded> {
     let handler = NamedHandler::of(letter)?;
-    Ok(herald_consumer::discard(db, &handler, &Registry::embedded(), letter).await?)
+    Ok(herald_consumer::discard(db, &handler, registry, letter).await?)
 }

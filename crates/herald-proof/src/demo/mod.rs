@@ -54,7 +54,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         artifacts: None,
         topic_prefix: None,
         group_prefix: "herald".into(),
-        accept_sources: Vec::new(),
+        sources: Default::default(),
         tokens: None,
     };
     let env = backends.resolve().await?;
