@@ -5,9 +5,11 @@
 //! - [`routes`]: the endpoints; each answers only after its transaction
 //!   committed, so a 202 is a promise the database already keeps.
 //! - [`observe`]: `/metrics`, `/status`, `/status.json` from a `herald_status::Monitor`.
+//! - [`openapi`]: the OpenAPI document of all of them, `/openapi.json`.
 
 pub mod auth;
 pub mod observe;
+pub mod openapi;
 pub mod problem;
 pub mod routes;
 

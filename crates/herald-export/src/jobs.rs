@@ -16,8 +16,8 @@ use herald_fault::{Hook, Point};
 
 pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
-/// An export job as its owner sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// An export job as its owner sees it (`GET /v1/exports/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Job {
     pub job_id: String,
     pub caller: String,
