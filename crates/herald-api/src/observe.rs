@@ -14,11 +14,14 @@ use axum::{Json, Router};
 use herald_status::{DASHBOARD_HTML, Monitor};
 use utoipa::ToSchema;
 
+use crate::problem::Problem;
+
 pub fn routes(monitor: Arc<Monitor>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/status", get(dashboard))
         .route("/status.json", get(status_json))
+        .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
         .with_state(monitor)
 }
 

@@ -51,6 +51,11 @@ impl Problem {
         Problem::new(StatusCode::NOT_FOUND, "/problems/not-found", "Not found", "no such resource for this caller")
     }
 
+    /// The path exists, the method does not (the `Allow` header lists those that do).
+    pub fn method_not_allowed() -> Problem {
+        Problem::new(StatusCode::METHOD_NOT_ALLOWED, "/problems/method-not-allowed", "Method not allowed", "see the Allow header")
+    }
+
     /// The resource existed and was deleted by its owner (GET of a deleted export).
     pub fn gone(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::GONE, "/problems/gone", "Deleted", detail)

@@ -47,8 +47,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/exports/{id}", get(get_export).delete(delete_export))
         .route("/v1/exports/{id}/result", get(get_result))
         .route("/v1/search", get(search_exports))
-        // Unknown paths answer like every other error, not with an empty body.
+        // Unknown paths and methods answer like every other error, not
+        // with an empty body (axum keeps the `Allow` header of a 405).
         .fallback(|| async { Problem::not_found() })
+        .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
         .with_state(state)
 }
 

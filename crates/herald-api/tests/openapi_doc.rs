@@ -151,6 +151,10 @@ async fn rejected_requests_answer_documented_problems() -> anyhow::Result<()> {
     let unknown = http.get(format!("{base}/v2/nothing")).send().await?;
     assert_eq!(unknown.status(), 404);
     assert_eq!(unknown.headers()["content-type"], "application/problem+json");
+    let undocumented = http.put(format!("{base}/v1/exports/x")).bearer_auth(TOKEN).send().await?;
+    assert_eq!(undocumented.status(), 405);
+    assert_eq!(undocumented.headers()["content-type"], "application/problem+json");
+    assert_eq!(undocumented.headers()["allow"], "GET,HEAD,DELETE");
     Ok(())
 }
 
