@@ -6,10 +6,12 @@
 //!   committed, so a 202 is a promise the database already keeps.
 //! - [`limits`]: concurrency, per-caller rate and body size, refused with 429/413.
 //! - [`observe`]: `/metrics`, `/status`, `/status.json` from a `herald_status::Monitor`.
+//! - [`openapi`]: the OpenAPI document of all of them, `/openapi.json`.
 
 pub mod auth;
 pub mod limits;
 pub mod observe;
+pub mod openapi;
 pub mod problem;
 pub mod routes;
 

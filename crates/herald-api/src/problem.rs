@@ -3,17 +3,23 @@ use axum::response::{IntoResponse, Response};
 use herald_export::ExportError;
 use serde::Serialize;
 use tracing::error;
+use utoipa::ToSchema;
 
-/// An RFC 9457 problem document.
-#[derive(Debug, Clone, Serialize)]
+/// An RFC 9457 problem document (`application/problem+json`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Problem {
     #[serde(skip)]
     pub status: StatusCode,
+    /// What went wrong, as a URI reference relative to the API (`/problems/quota`).
     #[serde(rename = "type")]
     pub kind: &'static str,
+    /// The same for every problem of this type.
     pub title: &'static str,
+    /// This occurrence, in words.
     pub detail: String,
+    /// The HTTP status of the response.
     #[serde(rename = "status")]
+    #[schema(minimum = 400, maximum = 599)]
     pub status_code: u16,
     /// This occurrence, for a failure whose cause stays in the log: the log
     /// line carries the same id (`problem_id`), the answer nothing internal.
@@ -40,8 +46,18 @@ impl Problem {
         Problem::new(StatusCode::UNPROCESSABLE_ENTITY, "/problems/invalid-body", "Invalid request body", detail)
     }
 
+    /// A body longer than the route accepts.
+    pub fn too_large(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "/problems/too-large", "Request body too large", detail)
+    }
+
     pub fn not_found() -> Problem {
         Problem::new(StatusCode::NOT_FOUND, "/problems/not-found", "Not found", "no such resource for this caller")
+    }
+
+    /// The path exists, the method does not (the `Allow` header lists those that do).
+    pub fn method_not_allowed() -> Problem {
+        Problem::new(StatusCode::METHOD_NOT_ALLOWED, "/problems/method-not-allowed", "Method not allowed", "see the Allow header")
     }
 
     /// The resource existed and was deleted by its owner (GET of a deleted export).

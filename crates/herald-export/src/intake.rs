@@ -8,7 +8,7 @@ use crate::ExportError;
 /// Longest accepted query text, in bytes.
 pub const MAX_QUERY_BYTES: usize = 4096;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     Csv,
@@ -32,11 +32,22 @@ impl Format {
     }
 }
 
-/// A validated export request.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A validated export request: the body of `POST /v1/exports`.
+// Its schema states what `from_json` checks, as far as JSON Schema can:
+// `maxLength` counts characters, not bytes, so it admits some multi-byte
+// texts that are rejected; nothing it rejects is accepted. The derive takes
+// literals only: a test compares them with the constants.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExportRequest {
     pub format: Format,
+    /// Text to export: at most 4096 bytes of UTF-8, no control characters,
+    /// at least one character that is not white space.
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = r"^[^\u0000-\u001F\u007F-\u009F]*[^\u0000-\u0020\u007F-\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u001F\u007F-\u009F]*$"
+    )]
     pub query: String,
 }
 
@@ -109,6 +120,18 @@ mod tests {
         let a = ExportRequest::from_json(br#"{"format":"csv","query":"q"}"#).unwrap();
         let b = ExportRequest::from_json(br#"{"format":"json","query":"q"}"#).unwrap();
         assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    /// The schema's literals are the validation's constants.
+    #[test]
+    fn schema_states_the_limits() {
+        use utoipa::PartialSchema;
+        let schema = serde_json::to_value(ExportRequest::schema()).unwrap();
+        let query = &schema["properties"]["query"];
+        assert_eq!(query["maxLength"], MAX_QUERY_BYTES, "{schema}");
+        assert_eq!(query["minLength"], 1, "{schema}");
+        assert_eq!(schema["additionalProperties"], false, "deny_unknown_fields: {schema}");
+        assert_eq!(schema["properties"]["format"]["$ref"], "#/components/schemas/Format", "{schema}");
     }
 
     #[test]

@@ -16,7 +16,6 @@ use herald_fault::{Hook, Point};
 
 pub use crate::lifecycle::{DELETED, FAILED, PENDING, RUNNING, SUCCEEDED};
 
-/// An export job as its owner sees it.
 /// What a caller sees of a failed attempt's error.
 pub const ATTEMPT_FAILED: &str = "an attempt failed; it is retried within the attempt budget";
 
@@ -24,7 +23,8 @@ fn attempt_failed<S: serde::Serializer>(error: &Option<String>, serializer: S) -
     serde::Serialize::serialize(&error.as_ref().map(|_| ATTEMPT_FAILED), serializer)
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// An export job as its owner sees it (`GET /v1/exports/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Job {
     pub job_id: String,
     pub caller: String,

@@ -162,7 +162,8 @@ impl From<&Fact> for DocumentRow {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One finished export of the caller's that matched.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SearchHit {
     pub job_id: String,
     pub format: String,
@@ -172,7 +173,8 @@ pub struct SearchHit {
     pub completed_at_ms: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// The answer of `GET /v1/search`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct SearchResults {
     pub generation: i64,
     pub hits: Vec<SearchHit>,
