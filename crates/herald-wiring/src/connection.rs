@@ -214,3 +214,46 @@ pub async fn check(kafka: &KafkaConfig, within: Duration) -> Result<(), BadConne
         Err(refused) => Err(BadConnection(format!("{refused} (brokers {})", kafka.brokers()))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sasl(username: Option<&str>, password: Option<&str>) -> KafkaArgs {
+        KafkaArgs {
+            kafka_security_protocol: Some(SecurityProtocol::SaslSsl),
+            kafka_sasl_mechanism: Some(SaslMechanism::ScramSha512),
+            kafka_sasl_username: username.map(str::to_owned),
+            kafka_sasl_password: password.map(Secret::new),
+            ..KafkaArgs::default()
+        }
+    }
+
+    #[test]
+    fn every_security_flag_reaches_the_configuration() {
+        let args = KafkaArgs { kafka_ssl_ca: Some("/ca.pem".into()), ..sasl(Some("herald"), Some("hunter2")) };
+        let kafka = args.config_for("b:9093").expect("consistent");
+        assert_eq!(kafka.get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(kafka.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(kafka.get("sasl.username"), Some("herald"));
+        assert_eq!(kafka.get("sasl.password"), Some("hunter2"));
+        assert_eq!(kafka.get("ssl.ca.location"), Some("/ca.pem"));
+        assert!(!format!("{args:?} {kafka:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn contradictory_settings_are_refused() {
+        assert!(sasl(Some("herald"), None).config_for("b").is_err(), "SCRAM without a password");
+        assert!(sasl(None, Some("p")).config_for("b").is_err(), "SCRAM without a user");
+        let plaintext_with_sasl = KafkaArgs { kafka_security_protocol: Some(SecurityProtocol::Plaintext), ..sasl(Some("u"), Some("p")) };
+        assert!(plaintext_with_sasl.config_for("b").is_err(), "SASL settings on a plaintext protocol");
+    }
+
+    #[test]
+    fn a_property_is_key_value_and_a_bad_one_is_not_echoed() {
+        let (key, value) = parse_property("ssl.key.password=s3cret=x").expect("parses");
+        assert_eq!((key.as_str(), value.expose()), ("ssl.key.password", "s3cret=x"));
+        let error = parse_property("sasl.password s3cret").expect_err("no `=`");
+        assert!(!error.contains("s3cret") && error.contains("sasl.password"), "{error}");
+    }
+}
