@@ -34,12 +34,17 @@ pub struct Limits {
     pub body_bytes: usize,
 }
 
+/// Defaults of [`Limits`], also the defaults of the `--api-*` flags.
+pub const DEFAULT_CONCURRENCY: u32 = 128;
+pub const DEFAULT_PER_CALLER_PER_SEC: u32 = 200;
+pub const DEFAULT_PER_CALLER_BURST: u32 = 400;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            concurrency: 128,
-            per_caller_per_sec: NonZeroU32::new(200).unwrap_or(NonZeroU32::MIN),
-            per_caller_burst: NonZeroU32::new(400).unwrap_or(NonZeroU32::MIN),
+            concurrency: DEFAULT_CONCURRENCY as usize,
+            per_caller_per_sec: NonZeroU32::new(DEFAULT_PER_CALLER_PER_SEC).unwrap_or(NonZeroU32::MIN),
+            per_caller_burst: NonZeroU32::new(DEFAULT_PER_CALLER_BURST).unwrap_or(NonZeroU32::MIN),
             body_bytes: 64 * 1024,
         }
     }

@@ -62,21 +62,21 @@ impl KafkaConfig {
 
     /// A librdkafka property every client gets (e.g. `security.protocol`).
     /// A later value for the same key replaces an earlier one.
-    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> KafkaConfig {
+    pub fn with(self, key: impl Into<String>, value: impl Into<String>) -> KafkaConfig {
         let key = key.into();
         let value = Setting::new(&key, value.into());
-        self.connection.retain(|(k, _)| *k != key);
-        self.connection.push((key, value));
-        self
+        self.set(key, value)
     }
 
     /// [`KafkaConfig::with`] for a value that arrives as a [`Secret`].
     pub fn with_secret(self, key: impl Into<String>, value: &Secret) -> KafkaConfig {
-        let mut config = self.with(key, "");
-        if let Some((_, setting)) = config.connection.last_mut() {
-            *setting = Setting::Secret(value.clone());
-        }
-        config
+        self.set(key.into(), Setting::Secret(value.clone()))
+    }
+
+    fn set(mut self, key: String, value: Setting) -> KafkaConfig {
+        self.connection.retain(|(k, _)| *k != key);
+        self.connection.push((key, value));
+        self
     }
 
     pub fn brokers(&self) -> &str {

@@ -32,7 +32,7 @@ impl Db {
         sqlx::any::install_default_drivers();
         let url = SecretUrl::new(url);
         let backend = backend_of(&url)?;
-        let options = AnyConnectOptions::from_str(url.expose()).map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))?;
+        let options = connect_options(&url)?;
         let pool = match backend {
             Backend::Postgres => AnyPoolOptions::new().max_connections(16),
             // SQLite has one writer. One connection per process turns writer
@@ -69,8 +69,7 @@ impl Db {
         if self.backend == Backend::Sqlite {
             return Ok(self.clone());
         }
-        let options =
-            AnyConnectOptions::from_str(self.url.expose()).map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?;
+        let options = connect_options(&self.url)?;
         let timeout_ms = statement_timeout.as_millis();
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
@@ -139,6 +138,11 @@ impl Db {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// `url`'s connect options; an error names the URL without its password.
+fn connect_options(url: &SecretUrl) -> Result<AnyConnectOptions, StoreError> {
+    AnyConnectOptions::from_str(url.expose()).map_err(|e| StoreError::Config(format!("database URL `{url}`: {e}")))
 }
 
 /// A TLS failure while the pool opens is the configuration's fault (an

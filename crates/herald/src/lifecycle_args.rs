@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
-use herald_api::limits::Limits;
+use herald_api::limits::{self, Limits};
 use herald_api::observe::Access;
 use herald_export::LeasePolicy;
 use herald_secret::Secret;
@@ -32,10 +32,10 @@ pub struct LifecycleArgs {
     #[arg(long, env = "HERALD_QUOTA", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     pub quota: i64,
     /// API requests handled at once; more are answered 429.
-    #[arg(long, env = "HERALD_API_CONCURRENCY", default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "HERALD_API_CONCURRENCY", default_value_t = limits::DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_concurrency: u32,
     /// API requests per second one caller may make (sustained); more are answered 429.
-    #[arg(long, env = "HERALD_API_RATE", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "HERALD_API_RATE", default_value_t = limits::DEFAULT_PER_CALLER_PER_SEC, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_rate: u32,
     /// Serve `/metrics`, `/status` and `/status.json` on this address of
     /// their own (guard it by network) instead of on the API's listener.
@@ -47,7 +47,7 @@ pub struct LifecycleArgs {
     #[arg(long, env = "HERALD_OBSERVE_TOKEN", hide_env_values = true, conflicts_with = "observe_listen")]
     pub observe_token: Option<Secret>,
     /// API requests one caller may make at once above its rate.
-    #[arg(long, env = "HERALD_API_BURST", default_value_t = 400, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "HERALD_API_BURST", default_value_t = limits::DEFAULT_PER_CALLER_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_burst: u32,
 }
 

@@ -230,13 +230,18 @@ pub async fn count_active(db: &Db) -> Result<i64, StoreError> {
 /// narrows the rows to those containing it ($5, a phrase). PostgreSQL's
 /// trigram index serves the `LIKE` itself.
 pub fn search_statement(backend: Backend, text_index: bool) -> &'static str {
-    const PLAIN: &str = "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
-         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
-         ORDER BY completed_at_ms DESC, job_id LIMIT $4";
-    const SQLITE_INDEXED: &str = "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
-         WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' \
-         AND rowid IN (SELECT rowid FROM search_fts WHERE search_fts MATCH $5) \
-         ORDER BY completed_at_ms DESC, job_id LIMIT $4";
+    macro_rules! search {
+        ($narrowed:literal) => {
+            concat!(
+                "SELECT job_id, format, query, result_id, size_bytes, completed_at_ms FROM search_documents \
+                 WHERE generation = $1 AND caller = $2 AND deleted_at_ms IS NULL AND lower(query) LIKE $3 ESCAPE '\\' ",
+                $narrowed,
+                "ORDER BY completed_at_ms DESC, job_id LIMIT $4"
+            )
+        };
+    }
+    const PLAIN: &str = search!("");
+    const SQLITE_INDEXED: &str = search!("AND rowid IN (SELECT rowid FROM search_fts WHERE search_fts MATCH $5) ");
     match (backend, text_index) {
         (Backend::Sqlite, true) => SQLITE_INDEXED,
         _ => PLAIN,
