@@ -24,6 +24,7 @@ async fn api_only(database: Database) -> anyhow::Result<()> {
         intake: IntakeConfig { quota: 2, ..IntakeConfig::new(Topics::default()) },
         artifacts: ArtifactStore::local(artifacts_dir.path())?,
         tokens: common::tokens(),
+        searches: herald_api::limits::SearchSlots::default(),
     };
     let server = tokio::spawn(herald_api::serve(listener, state, shutdown.clone()));
     let http = reqwest::Client::new();

@@ -109,7 +109,12 @@ impl From<ExportError> for Problem {
             other => {
                 let id = uuid::Uuid::new_v4().simple().to_string();
                 error!(error = %other, problem_id = %id, "request failed");
-                let mut problem = Problem::unavailable(format!("storage failed; retry with the same Idempotency-Key (problem {id})"));
+                let mut problem = Problem::unavailable(format!(
+                    "storage unavailable or busy; retry later (a POST with the same Idempotency-Key) (problem {id})"
+                ));
+                // Busy is the common case (the API's own pool exhausted, a
+                // statement timed out): a second is enough to come back.
+                problem.retry_after_secs = Some(1);
                 problem.instance = Some(format!("urn:herald:problem:{id}"));
                 problem
             }

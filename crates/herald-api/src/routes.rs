@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::Tokens;
+use crate::limits::SearchSlots;
 use crate::openapi;
 use crate::problem::Problem;
 
@@ -38,6 +39,7 @@ pub struct AppState {
     pub intake: IntakeConfig,
     pub artifacts: ArtifactStore,
     pub tokens: Tokens,
+    pub searches: SearchSlots,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -284,5 +286,6 @@ async fn search_exports(
     if params.q.chars().count() > MAX_SEARCH_CHARS {
         return Err(Problem::bad_request(format!("q: longer than {MAX_SEARCH_CHARS} characters")));
     }
+    let _slot = state.searches.acquire().await?;
     Ok(Json(search::search(&state.db, &caller, &params.q, SEARCH_LIMIT).await?))
 }

@@ -36,6 +36,7 @@ async fn api() -> anyhow::Result<Api> {
         intake: IntakeConfig::new(Topics::default()),
         artifacts: ArtifactStore::local(artifacts.path())?,
         tokens: Tokens::single(TOKEN, "alice"),
+        searches: herald_api::limits::SearchSlots::default(),
     };
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);

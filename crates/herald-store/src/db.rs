@@ -60,7 +60,8 @@ impl Db {
     }
 
     /// A pool of its own for the HTTP API on PostgreSQL: at most
-    /// `connections` sessions, each with `statement_timeout`, so a flood of
+    /// `connections` sessions, each with `statement_timeout` and plans made
+    /// for each statement's parameters, so a flood of
     /// expensive requests waits for (or times out on) its own connections
     /// instead of taking the ones the relay and the subscriptions need. On
     /// SQLite, which has one writer and the embedded default's single
@@ -77,6 +78,14 @@ impl Db {
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     conn.execute(format!("SET statement_timeout = {timeout_ms}").as_str()).await?;
+                    // The API's reads are parameter-sensitive: whether
+                    // search's pattern has trigrams decides between the
+                    // trigram index and the caller's own rows. A generic
+                    // plan (chosen after five executions of a prepared
+                    // statement) picks one for all patterns, and a
+                    // two-letter text then reads the whole trigram index:
+                    // 0.7 s instead of 1 ms over a million documents.
+                    conn.execute("SET plan_cache_mode = force_custom_plan").await?;
                     Ok(())
                 })
             })

@@ -1,4 +1,5 @@
-//! The HTTP API's own pool on PostgreSQL: its statements time out, and
+//! The HTTP API's own pool on PostgreSQL: its statements time out, are
+//! planned for their parameters, and
 //! holding every one of its connections leaves the background roles' pool
 //! untouched.
 
@@ -21,6 +22,10 @@ async fn api_statements_time_out_and_an_exhausted_api_pool_leaves_the_roles_pool
     assert!(started.elapsed() < Duration::from_secs(10), "cut at the timeout, not after 30 s");
     let roles: String = sqlx::query("SHOW statement_timeout").fetch_one(db.pool()).await?.try_get(0)?;
     assert_eq!(roles, "0", "the roles' pool has no statement timeout");
+    // Search's plan depends on its pattern (BENCHMARKS.md, "Search"): no
+    // generic plan for the API's prepared statements.
+    let plans: String = sqlx::query("SHOW plan_cache_mode").fetch_one(api.pool()).await?.try_get(0)?;
+    assert_eq!(plans, "force_custom_plan");
 
     // Every API connection busy: the API waits (and gives up), the roles do not.
     let held = (api.pool().acquire().await?, api.pool().acquire().await?);

@@ -23,7 +23,7 @@ mod proxy;
 mod secure;
 mod sync;
 
-pub use db::{TestDb, postgres_db, sqlite_db};
+pub use db::{DATABASE_URL_ENV, TestDb, postgres_db, sqlite_db};
 pub use proxy::CutProxy;
 pub use secure::{PostgresTls, SecureBroker, postgres_tls, secure_broker, with_tls};
 pub use sync::{Gate, wait_until};

@@ -203,7 +203,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             faults: options.faults.clone(),
         };
         let api_db = wiring.db.api_pool(API_CONNECTIONS, API_STATEMENT_TIMEOUT).await?;
-        let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone() };
+        let searches = herald_api::limits::SearchSlots::new(options.api_limits.search_concurrency);
+        let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone(), searches };
         let figures = start_monitor(&wiring)?;
         let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone());
         let app = match &options.observe {

@@ -49,6 +49,11 @@ pub struct LifecycleArgs {
     /// API requests one caller may make at once above its rate.
     #[arg(long, env = "HERALD_API_BURST", default_value_t = limits::DEFAULT_PER_CALLER_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     pub api_burst: u32,
+    /// Searches run at once by this process; more wait up to a second, then
+    /// get 429. Searches are the API's one request whose cost grows with the
+    /// data: this bounds their share of the database.
+    #[arg(long, env = "HERALD_API_SEARCH_CONCURRENCY", default_value_t = limits::DEFAULT_SEARCH_CONCURRENCY, value_parser = clap::value_parser!(u32).range(1..))]
+    pub api_search_concurrency: u32,
 }
 
 impl LifecycleArgs {
@@ -69,6 +74,7 @@ impl LifecycleArgs {
                 concurrency: self.api_concurrency as usize,
                 per_caller_per_sec: NonZeroU32::new(self.api_rate).unwrap_or(NonZeroU32::MIN),
                 per_caller_burst: NonZeroU32::new(self.api_burst).unwrap_or(NonZeroU32::MIN),
+                search_concurrency: self.api_search_concurrency as usize,
                 ..Limits::default()
             },
             observe: match (&self.observe_listen, &self.observe_token) {

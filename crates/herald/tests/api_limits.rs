@@ -91,3 +91,24 @@ async fn a_body_over_the_limit_is_refused() -> anyhow::Result<()> {
     assert_eq!(large.status(), StatusCode::PAYLOAD_TOO_LARGE);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_search_over_its_slots_waits_for_one_then_is_refused() -> anyhow::Result<()> {
+    use axum::response::IntoResponse;
+    use herald_api::limits::SearchSlots;
+
+    let slots = SearchSlots::new(1);
+    let held = slots.acquire().await.map_err(|p| anyhow::anyhow!("{p:?}"))?;
+    let waiting = tokio::spawn({
+        let slots = slots.clone();
+        async move { slots.acquire().await.is_ok() }
+    });
+    drop(held);
+    assert!(waiting.await?, "a freed slot goes to the search waiting for it");
+
+    let _held = slots.acquire().await.map_err(|p| anyhow::anyhow!("{p:?}"))?;
+    let refused = slots.acquire().await.expect_err("no slot frees up: refused after the wait").into_response();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    Ok(())
+}

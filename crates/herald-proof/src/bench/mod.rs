@@ -6,11 +6,15 @@
 //!   batched insert rates of the same records and rows.
 //! - [`rebuild`]: replay into a new search generation, next to the live
 //!   subscription and the raw batched insert in the same run.
+//! - `search`: search latency over 1M documents, the relay beside a search flood.
 //! - [`workload`]: the records they (and tests) publish.
 
 pub mod consume;
 pub mod rebuild;
 mod relay;
+mod search;
+mod search_load;
+mod search_report;
 pub mod workload;
 
 use std::process::ExitCode;
@@ -31,6 +35,8 @@ pub enum BenchCommand {
     Consume(consume::ConsumeBenchArgs),
     /// Events/s of a rebuild's replay into a new generation, vs the live subscription and raw insert.
     Rebuild(rebuild::RebuildBenchArgs),
+    /// Search latency over a million documents, and the relay's rate while clients flood search.
+    Search(search::SearchBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -38,5 +44,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Relay(args) => relay::run(args).await,
         BenchCommand::Consume(args) => consume::run(args).await,
         BenchCommand::Rebuild(args) => rebuild::run(args).await,
+        BenchCommand::Search(args) => search::run(args).await,
     }
 }

@@ -53,7 +53,7 @@ pub struct RelayBenchArgs {
     kafka: herald_wiring::connection::KafkaArgs,
 }
 
-const TOPIC: &str = "bench.events";
+pub(crate) const TOPIC: &str = "bench.events";
 const KEYS: u64 = 1000;
 
 pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
@@ -93,7 +93,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
 
 /// Events of about 200 bytes of data over `KEYS` keys, as in the design
 /// brief's database measurements.
-fn events(topic: &str, n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
+pub(crate) fn events(topic: &str, n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
     let data = vec![b'x'; 200];
     Ok((0..n)
         .map(|i| {
@@ -115,16 +115,16 @@ fn events(topic: &str, n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
 
 /// A measured run: events and seconds.
 #[derive(Debug, Clone, Copy)]
-struct Run {
-    events: u64,
-    secs: f64,
+pub(crate) struct Run {
+    pub(crate) events: u64,
+    pub(crate) secs: f64,
     /// Herald's relay only: share of its slices' time spent reading,
     /// awaiting the broker and recording progress.
     split: Option<[f64; 3]>,
 }
 
 impl Run {
-    fn eps(&self) -> f64 {
+    pub(crate) fn eps(&self) -> f64 {
         self.events as f64 / self.secs
     }
 }
@@ -192,6 +192,15 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
 
 async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     insert(db, events).await?;
+    let run = drain(db, kafka, events.len() as u64).await?;
+    let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
+    anyhow::ensure!(delivered == run.events as i64, "{delivered} rows marked delivered, expected {}", run.events);
+    Ok(run)
+}
+
+/// Runs Herald's relay until it delivered `want` rows (those pending in the
+/// outbox), then stops it: the events/s from its start to the last ack.
+pub(crate) async fn drain(db: &Db, kafka: &KafkaConfig, want: u64) -> anyhow::Result<Run> {
     let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
     let stats = relay.counters();
     let shutdown = CancellationToken::new();
@@ -200,7 +209,6 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> a
         let shutdown = shutdown.clone();
         tokio::spawn(async move { relay.run(shutdown).await })
     };
-    let want = events.len() as u64;
     let deadline = started + Duration::from_secs(600);
     while RelayCounters::get(&stats.delivered) < want {
         anyhow::ensure!(Instant::now() < deadline, "relay delivered {} of {want}", RelayCounters::get(&stats.delivered));
@@ -209,14 +217,12 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> a
     let secs = started.elapsed().as_secs_f64();
     shutdown.cancel();
     task.await?;
-    let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
-    anyhow::ensure!(delivered == want as i64, "{delivered} rows marked delivered, expected {want}");
     let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayCounters::get(c) as f64);
     let total: f64 = phases.iter().sum::<f64>().max(1.0);
     Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
 }
 
-async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
+pub(crate) async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
     for chunk in events.chunks(10_000) {
         let mut tx = db.begin().await?;
         outbox::append_many(&mut tx, chunk).await?;
