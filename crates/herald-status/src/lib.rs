@@ -30,11 +30,13 @@ pub mod queries;
 pub mod text;
 mod topics;
 
+pub use durability::TopicConfigs;
 pub use durability::{Risk, TopicDurability};
 pub use error::StatusError;
 pub use figures::{Sample, Status};
 pub use lag::KafkaProbe;
 pub use monitor::{Monitor, MonitorConfig};
+pub use topics::topic_configs;
 
 /// The dashboard page served at `GET /status`: self-contained (inline CSS,
 /// JS and SVG, nothing fetched from elsewhere), polling `GET /status.json`.

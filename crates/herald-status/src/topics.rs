@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use herald_kafka::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, ConfigResourceResult, OwnedResourceSpecifier, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::metadata::MetadataTopic;
 use tokio::sync::Mutex;
@@ -79,6 +80,25 @@ impl ConfigReader {
             Err(e) => topics.iter().map(|_| Err(format!("describe configs: {e}"))).collect(),
         }
     }
+}
+
+/// The configs of `topic` as the cluster answers now: a metadata request
+/// names a broker that answers, then DescribeConfigs asks it. Why they are
+/// unknown otherwise (unreachable, the mock cluster, no such topic).
+pub async fn topic_configs(kafka: &KafkaConfig, topic: &str, timeout: Duration) -> Result<TopicConfigs, String> {
+    let reader: BaseConsumer = kafka.reader().create().map_err(|e| format!("kafka client: {e}"))?;
+    let name = topic.to_owned();
+    let broker = tokio::task::spawn_blocking(move || -> Result<i32, String> {
+        let metadata = reader.fetch_metadata(Some(&name), timeout).map_err(|e| format!("metadata: {e}"))?;
+        match metadata.topics().iter().find(|t| t.name() == name) {
+            Some(t) if t.error().is_none() => Ok(metadata.orig_broker_id()),
+            _ => Err(format!("the cluster has no topic {name}")),
+        }
+    })
+    .await
+    .map_err(|e| e.to_string())??;
+    let reader = ConfigReader::new(kafka, timeout).map_err(|e| format!("kafka admin client: {e}"))?;
+    reader.ask(&[topic.to_owned()], broker).await.pop().unwrap_or_else(|| Err(format!("describe configs: no answer for {topic}")))
 }
 
 /// The answer for `topic`, matched by name. rdkafka turns a resource the

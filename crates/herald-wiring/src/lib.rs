@@ -1,6 +1,7 @@
 //! The `herald` binary's wiring: where it runs ([`config`]), how it reaches
 //! the database and the cluster ([`connection`]), its roles
-//! started together ([`pipeline`]), the subscriptions of `export.events` by
+//! started together ([`pipeline`]), how long dedup rows must stay
+//! ([`retention`]), the subscriptions of `export.events` by
 //! name ([`subscriptions`]), topic layout flags ([`topic_args`]) and stop
 //! signals ([`signals`]).
 //!
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod connection;
 pub mod pipeline;
+pub mod retention;
 pub mod signals;
 pub mod subscriptions;
 pub mod topic_args;
