@@ -18,6 +18,8 @@
 //! - [`text`]: the human table.
 //! - [`monitor`]: a refresh loop for long-running processes, with a ring
 //!   buffer of recent samples and the Prometheus registry.
+//! - [`shared`]: one process takes the figures for all (a lease on the
+//!   `status_snapshot` row), the others read them.
 
 pub mod counts;
 pub mod durability;
@@ -27,6 +29,7 @@ pub mod lag;
 pub mod monitor;
 mod prometheus;
 pub mod queries;
+pub mod shared;
 pub mod text;
 mod topics;
 

@@ -1,8 +1,10 @@
 //! For processes that run for long (`herald serve`): refreshes the figures
-//! every `interval`, keeps the last `history` samples for the dashboard's
-//! plots, and keeps the Prometheus registry of `GET /metrics` current.
+//! every `interval` (taken by one process for all, [`crate::shared`]), keeps
+//! the last `history` samples for the dashboard's plots, and keeps the
+//! Prometheus registry of `GET /metrics` current.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -14,6 +16,7 @@ use tracing::warn;
 use crate::figures::{Sample, Status};
 use crate::prometheus::{CounterSource, Registry};
 use crate::queries::{self, Finished};
+use crate::shared::{self, Taken};
 use crate::{KafkaProbe, StatusError};
 
 #[derive(Debug, Clone)]
@@ -38,6 +41,10 @@ impl MonitorConfig {
 
 pub struct Monitor {
     db: Db,
+    /// This monitor's name on the snapshot lease.
+    me: String,
+    /// Refreshes whose figures this process took itself.
+    taken_here: AtomicU64,
     probe: Option<KafkaProbe>,
     config: MonitorConfig,
     registry: Registry,
@@ -60,7 +67,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Monitor {
     pub fn new(db: Db, probe: Option<KafkaProbe>, config: MonitorConfig) -> Result<Arc<Monitor>, StatusError> {
-        Ok(Arc::new(Monitor { db, probe, config, registry: Registry::new()?, counters: Mutex::default(), state: Mutex::default() }))
+        let me = format!("monitor-{}", uuid::Uuid::new_v4().simple());
+        Ok(Arc::new(Monitor {
+            db,
+            me,
+            taken_here: AtomicU64::new(0),
+            probe,
+            config,
+            registry: Registry::new()?,
+            counters: Mutex::default(),
+            state: Mutex::default(),
+        }))
+    }
+
+    /// How many refreshes took the figures here rather than reading another
+    /// process's snapshot.
+    pub fn refreshes_taken(&self) -> u64 {
+        self.taken_here.load(Ordering::Relaxed)
     }
 
     /// Publishes a counter the runtime keeps as `name{labels}`, read at every refresh.
@@ -73,7 +96,11 @@ impl Monitor {
     pub async fn refresh(&self) -> Result<(), StatusError> {
         let names: Vec<&str> = self.config.subscriptions.iter().map(String::as_str).collect();
         let result = async {
-            let status = crate::collect(&self.db, self.probe.as_ref(), &names).await?;
+            let take = crate::collect(&self.db, self.probe.as_ref(), &names);
+            let (status, taken) = shared::figures(&self.db, &self.me, self.config.interval, take).await?;
+            if taken == Taken::Here {
+                self.taken_here.fetch_add(1, Ordering::Relaxed);
+            }
             let since = lock(&self.state).feed.since();
             let finished = queries::finished_since(&self.db, since).await?;
             Ok::<_, StatusError>((status, finished))
@@ -90,8 +117,12 @@ impl Monitor {
         let mut state = lock(&self.state);
         let latencies = state.feed.take(finished);
         self.registry.record(&status, &latencies, &lock(&self.counters));
-        let previous = state.history.back().zip(state.latest.as_ref().and_then(Status::records_appended)).map(|(s, n)| (s.at_ms, n));
-        state.history.push_back(Sample::of(&status, previous));
+        // A snapshot read again (another process has not taken the next one
+        // yet) is not a new sample.
+        if state.latest.as_ref().is_none_or(|latest| latest.at_ms != status.at_ms) {
+            let previous = state.history.back().zip(state.latest.as_ref().and_then(Status::records_appended)).map(|(s, n)| (s.at_ms, n));
+            state.history.push_back(Sample::of(&status, previous));
+        }
         while state.history.len() > self.config.history {
             state.history.pop_front();
         }

@@ -86,6 +86,8 @@ pub struct RoleOptions {
     pub api_limits: herald_api::limits::Limits,
     /// Where `/metrics`, `/status` and `/status.json` are served.
     pub observe: Observe,
+    /// How often the status figures are taken (by one process for all).
+    pub status_interval: Duration,
 }
 
 /// Where the observation endpoints are served.
@@ -117,6 +119,7 @@ impl Default for RoleOptions {
             registry: Registry::embedded(),
             api_limits: herald_api::limits::Limits::default(),
             observe: Observe::OnApi(Access::Open),
+            status_interval: Duration::from_secs(1),
         }
     }
 }
@@ -205,7 +208,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
         let api_db = wiring.db.api_pool(API_CONNECTIONS, API_STATEMENT_TIMEOUT).await?;
         let searches = herald_api::limits::SearchSlots::new(options.api_limits.search_concurrency);
         let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone(), searches };
-        let figures = start_monitor(&wiring)?;
+        let figures = start_monitor(&wiring, options.status_interval)?;
         let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone());
         let app = match &options.observe {
             Observe::OnApi(access) => limited.merge(herald_api::observe::routes(figures.clone(), access.clone())),
@@ -268,10 +271,10 @@ async fn api(listener: TcpListener, app: axum::Router, shutdown: CancellationTok
 
 /// The status figures of this deployment, refreshed every second for
 /// `/metrics` and `/status`.
-fn start_monitor(wiring: &Wiring) -> anyhow::Result<Arc<Monitor>> {
+fn start_monitor(wiring: &Wiring, interval: Duration) -> anyhow::Result<Arc<Monitor>> {
     let names: Vec<&str> = subscriptions::Name::ALL.iter().map(|n| n.as_str()).collect();
     let probe = KafkaProbe::new(&wiring.kafka, &wiring.topics, &wiring.group_prefix, &names, Duration::from_secs(5))?;
-    Ok(Monitor::new(wiring.db.clone(), Some(probe), MonitorConfig::new(&names))?)
+    Ok(Monitor::new(wiring.db.clone(), Some(probe), MonitorConfig { interval, ..MonitorConfig::new(&names) })?)
 }
 
 /// One counter of a runtime's counters struct.

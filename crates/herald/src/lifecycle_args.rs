@@ -28,6 +28,10 @@ pub struct LifecycleArgs {
     /// Age before an unselectable candidate artifact is removed.
     #[arg(long, env = "HERALD_ORPHAN_GRACE_SECS", default_value_t = 600)]
     pub orphan_grace_secs: u64,
+    /// How often the status figures behind `/metrics` and `/status` are
+    /// taken; one process (a lease in the database) takes them for all.
+    #[arg(long, env = "HERALD_STATUS_INTERVAL_MS", default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub status_interval_ms: u64,
     /// Unfinished jobs one caller may have before intake answers 429.
     #[arg(long, env = "HERALD_QUOTA", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..))]
     pub quota: i64,
@@ -70,6 +74,7 @@ impl LifecycleArgs {
             // set by whoever starts the roles.
             scan_interval: Duration::from_millis(self.scan_interval_ms),
             orphan_grace: Duration::from_secs(self.orphan_grace_secs),
+            status_interval: Duration::from_millis(self.status_interval_ms),
             api_limits: Limits {
                 concurrency: self.api_concurrency as usize,
                 per_caller_per_sec: NonZeroU32::new(self.api_rate).unwrap_or(NonZeroU32::MIN),

@@ -308,8 +308,14 @@ async fn plain_works_as_scram_does() -> anyhow::Result<()> {
     let broker = secure_broker()?;
     let test_db = postgres_db().await?;
     Db::connect_and_migrate(&test_db.url).await?;
+    // Topics of its own: `status` reads every Herald topic, and the shared
+    // cluster has the default ones only if another test made them first.
+    let prefix = unique("plain");
+    let topics = herald_kafka::Topics::with_prefix(&prefix);
+    let plain = herald_kafka::KafkaConfig::new(herald_testkit::real_broker()?);
+    herald_kafka::ensure_topics(&plain, &topics.all(), herald_kafka::TopicSettings::partitions(1)).await?;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["status", "--json", "--database", &test_db.url])
+        .args(["status", "--json", "--database", &test_db.url, "--topic-prefix", &prefix])
         .args(broker.flags("PLAIN"))
         .env_remove("HERALD_KAFKA_BROKERS")
         .output()
