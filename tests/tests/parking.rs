@@ -197,7 +197,7 @@ impl Bed {
         assert_eq!(letter.event_id.as_deref(), Some(key_events[0].id.as_str()));
         assert_eq!(letter.record_key.as_deref(), Some(KEY.as_bytes()));
 
-        let status = queries::subscription_rows(&self.db, &[SUB], now_ms()).await?.remove(0);
+        let status = queries::collect(&self.db, &[SUB], now_ms()).await?.subscriptions.remove(0);
         assert_eq!((status.dead_letters, status.parked_keys, status.parked_records), (1, 1, 3), "{status:?}");
         let parked = &status.oldest_parked[0];
         assert_eq!((parked.key.as_str(), parked.records, parked.blocked_by), (KEY, 3, Some(letter.id)), "{parked:?}");
@@ -337,7 +337,7 @@ async fn release_stops_at_the_next_failure(database: Database) -> anyhow::Result
     assert_eq!(second.event_id.as_deref(), Some(key_events[2].id.as_str()));
     assert_eq!(done.released, Released { applied: 1, dead_lettered: Some(second.offset), still_parked: 1, ..Released::default() });
     applied_once_ending_with(&bed, &ids(&key_events[..2])).await?;
-    let status = queries::subscription_rows(&bed.db, &[SUB], now_ms()).await?.remove(0);
+    let status = queries::collect(&bed.db, &[SUB], now_ms()).await?.subscriptions.remove(0);
     assert_eq!(status.oldest_parked[0].blocked_by, Some(second.id), "{status:?}");
 
     handler.fix(&key_events[2].id);

@@ -78,6 +78,10 @@ pub struct SubscriptionFigures {
     /// The keys parked longest, at most [`crate::queries::PARKED_KEYS_SHOWN`].
     #[serde(default)]
     pub oldest_parked: Vec<ParkedKeyFigures>,
+    /// Figures of this subscription that are the database's estimates
+    /// (`inbox_rows`, …): counts above [`crate::counting::EXACT_UP_TO`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 /// One parked key of a subscription.
@@ -102,6 +106,9 @@ pub struct Notifications {
     /// Intents whose outcome nobody can know: they wait for `herald notify
     /// reconcile`, so they are called out.
     pub unknown: i64,
+    /// Statuses whose count is an estimate (above [`crate::counting::EXACT_UP_TO`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -113,6 +120,9 @@ pub struct Jobs {
     pub oldest_open_age_ms: Option<i64>,
     /// Intake to terminal (succeeded or failed) of recent finished jobs.
     pub latency: Latency,
+    /// Statuses whose count is an estimate (above [`crate::counting::EXACT_UP_TO`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 /// Nearest-rank percentiles of intake-to-terminal time.
@@ -159,6 +169,9 @@ pub struct GenerationFigures {
     pub active: bool,
     /// Rows it holds now.
     pub documents: i64,
+    /// `["documents"]` when that count is an estimate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimated: Vec<String>,
 }
 
 /// What the broker said.

@@ -21,6 +21,7 @@
 //! - [`shared`]: one process takes the figures for all (a lease on the
 //!   `status_snapshot` row), the others read them.
 
+pub mod counting;
 pub mod counts;
 pub mod durability;
 mod error;

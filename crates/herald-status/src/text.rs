@@ -85,7 +85,13 @@ pub fn render(s: &Status) -> String {
         let _ = writeln!(
             out,
             "  {:<10} {:<28} {:>8} {:>10} {:>12} {:>9} {:>7}{flag}",
-            sub.name, group, lag, sub.inbox_rows, sub.dead_letters, sub.redriven, sub.parked_records
+            sub.name,
+            group,
+            lag,
+            approx(sub.inbox_rows, &sub.estimated, "inbox_rows"),
+            approx(sub.dead_letters, &sub.estimated, "dead_letters"),
+            approx(sub.redriven, &sub.estimated, "redriven"),
+            sub.parked_records
         );
     }
     parked_keys(&mut out, s);
@@ -99,12 +105,12 @@ pub fn render(s: &Status) -> String {
     }
     for (status, n) in &s.notifications.by_status {
         let flag = if status == "unknown" && *n > 0 { "  !! outcome unknown: herald notify reconcile" } else { "" };
-        let _ = writeln!(out, "  {status:<10} {n:>8}{flag}");
+        let _ = writeln!(out, "  {status:<10} {:>8}{flag}", approx(*n, &s.notifications.estimated, status));
     }
     let j = &s.jobs;
     let _ = writeln!(out, "\nEXPORT JOBS");
     for (status, n) in &j.by_status {
-        let _ = writeln!(out, "  {status:<10} {n:>8}");
+        let _ = writeln!(out, "  {status:<10} {:>8}", approx(*n, &j.estimated, status));
     }
     let _ = writeln!(out, "  open {}   oldest open {}", j.open, opt_duration(j.oldest_open_age_ms));
     let l = &j.latency;
@@ -119,9 +125,23 @@ pub fn render(s: &Status) -> String {
     let _ = writeln!(out, "\nPROJECTION GENERATIONS");
     for g in &s.generations {
         let active = if g.active { "  <- reads" } else { "" };
-        let _ = writeln!(out, "  {:<8} g{:<4} {:<12} {:>8} documents{active}", g.projection, g.generation, g.state, g.documents);
+        let documents = approx(g.documents, &g.estimated, "documents");
+        let _ = writeln!(out, "  {:<8} g{:<4} {:<12} {documents:>8} documents{active}", g.projection, g.generation, g.state);
+    }
+    let estimates = s.subscriptions.iter().any(|sub| !sub.estimated.is_empty())
+        || !s.notifications.estimated.is_empty()
+        || !j.estimated.is_empty()
+        || s.generations.iter().any(|g| !g.estimated.is_empty());
+    if estimates {
+        let _ =
+            writeln!(out, "\n  ~n is the database's estimate: counts above {} rows are not taken exactly", crate::counting::EXACT_UP_TO);
     }
     out
+}
+
+/// A count as printed: `~n` when it is an estimate.
+fn approx(n: i64, estimated: &[String], name: &str) -> String {
+    if estimated.iter().any(|e| e == name) { format!("~{n}") } else { n.to_string() }
 }
 
 fn known<T: ToString>(value: Option<T>) -> String {
@@ -210,6 +230,19 @@ mod tests {
         assert!(line.contains("!!") && line.contains('2'), "{text}");
         s.notifications.by_status.insert("unknown".into(), 0);
         assert!(!render(&s).contains("outcome unknown"));
+    }
+
+    #[test]
+    fn estimates_are_marked_and_exact_counts_are_not() {
+        let mut s = Status::default();
+        s.notifications.by_status.insert("sent".into(), 1_200_000);
+        s.notifications.by_status.insert("unknown".into(), 3);
+        s.notifications.estimated.push("sent".into());
+        let text = render(&s);
+        assert!(text.contains("~1200000"), "{text}");
+        assert!(text.contains("unknown           3"), "{text}");
+        assert!(text.contains("counts above 10000 rows are not taken exactly"), "{text}");
+        assert!(!render(&Status::default()).contains("estimate"));
     }
 
     #[test]

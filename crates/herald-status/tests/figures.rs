@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_status::{KafkaProbe, Monitor, MonitorConfig, TopicDurability, queries};
-use herald_store::Db;
+use herald_store::{Db, outbox};
 use herald_testkit::TestDb;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
@@ -28,7 +28,7 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
         ("e1", "pending", 5_000),
         ("e2", "pending", 3_000),
         ("e3", "retryable_failed", 8_000),
-        ("e4", "failed", 60_000),
+        ("e4", "pending", 60_000),
         ("e5", "delivered", 90_000),
         ("e6", "delivered", 1_000),
     ];
@@ -44,6 +44,13 @@ async fn seed(db: &Db) -> anyhow::Result<()> {
         .execute(db.pool())
         .await?;
     }
+    // e4 is set aside the way the relay does it (its status and its row in
+    // outbox_set_aside, in one transaction).
+    let mut tx = db.begin().await?;
+    let e4: i64 = sqlx::query_scalar("SELECT seq FROM outbox WHERE event_id = 'e4'").fetch_one(&mut *tx).await?;
+    let setback = outbox::Setback { seq: e4, status: outbox::FAILED, error: "too large".into(), next_attempt_at_ms: None };
+    outbox::set_back(&mut tx, &[setback]).await?;
+    tx.commit().await?;
     // Leases against the database's clock: far future is held, 0 expired.
     let future = herald_store::now_ms() + 3_600_000;
     for (slice, owner, expires) in

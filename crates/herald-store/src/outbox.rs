@@ -158,7 +158,9 @@ pub async fn mark_delivered(db: &Db, tx: &mut Tx<'_>, seqs: &[i64]) -> Result<()
     Ok(())
 }
 
-/// Records setbacks, inside the relay's fenced progress transaction.
+/// Records setbacks, inside the relay's fenced progress transaction. A row
+/// set aside for an operator is also listed in `outbox_set_aside`, so that
+/// counting and listing them never scans the outbox.
 pub async fn set_back(tx: &mut Tx<'_>, setbacks: &[Setback]) -> Result<(), StoreError> {
     for setback in setbacks {
         sqlx::query(
@@ -171,6 +173,15 @@ pub async fn set_back(tx: &mut Tx<'_>, setbacks: &[Setback]) -> Result<(), Store
         .bind(setback.seq)
         .execute(&mut **tx)
         .await?;
+        if REDRIVABLE.contains(&setback.status) {
+            sqlx::query(
+                "INSERT INTO outbox_set_aside (seq, status, created_at_ms) SELECT seq, status, created_at_ms FROM outbox WHERE seq = $1 \
+                 ON CONFLICT (seq) DO UPDATE SET status = excluded.status",
+            )
+            .bind(setback.seq)
+            .execute(&mut **tx)
+            .await?;
+        }
     }
     Ok(())
 }
@@ -255,6 +266,7 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
                 .fetch_optional(&mut *tx)
                 .await?;
         let Some(old) = old else { continue };
+        sqlx::query("DELETE FROM outbox_set_aside WHERE seq = $1").bind(seq).execute(&mut *tx).await?;
         let row = row_to_outbox(&old)?;
         let last_error: Option<String> = old.try_get("last_error")?;
         let new = sqlx::query(

@@ -220,10 +220,15 @@ pub struct Summary {
 }
 
 pub async fn summary(db: &Db, subscription: &str, oldest: i64) -> Result<Summary, StoreError> {
-    let pool = db.pool();
+    summary_on(&mut *db.pool().acquire().await?, subscription, oldest).await
+}
+
+/// [`summary`] on a connection the caller holds (the status monitor reads
+/// every figure in one transaction).
+pub async fn summary_on(conn: &mut sqlx::AnyConnection, subscription: &str, oldest: i64) -> Result<Summary, StoreError> {
     let records: i64 = sqlx::query("SELECT COUNT(*) AS n FROM parked_records WHERE subscription = $1")
         .bind(subscription)
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await?
         .try_get("n")?;
     if records == 0 {
@@ -233,7 +238,7 @@ pub async fn summary(db: &Db, subscription: &str, oldest: i64) -> Result<Summary
         "SELECT COUNT(*) AS n FROM (SELECT DISTINCT topic, kafka_partition, record_key FROM parked_records WHERE subscription = $1) AS k",
     )
     .bind(subscription)
-    .fetch_one(pool)
+    .fetch_one(&mut *conn)
     .await?
     .try_get("n")?;
     let rows = sqlx::query(
@@ -246,7 +251,7 @@ pub async fn summary(db: &Db, subscription: &str, oldest: i64) -> Result<Summary
     .bind(subscription)
     .bind(DEAD)
     .bind(oldest)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let oldest = rows
         .iter()

@@ -7,6 +7,7 @@
 //! - [`rebuild`]: replay into a new search generation, next to the live
 //!   subscription and the raw batched insert in the same run.
 //! - `search`: search latency over 1M documents, the relay beside a search flood.
+//! - `status`: one status refresh over 10M outbox rows.
 //! - [`workload`]: the records they (and tests) publish.
 
 pub mod consume;
@@ -15,6 +16,7 @@ mod relay;
 mod search;
 mod search_load;
 mod search_report;
+mod status;
 pub mod workload;
 
 use std::process::ExitCode;
@@ -37,6 +39,8 @@ pub enum BenchCommand {
     Rebuild(rebuild::RebuildBenchArgs),
     /// Search latency over a million documents, and the relay's rate while clients flood search.
     Search(search::SearchBenchArgs),
+    /// One status refresh over 10M outbox rows and 1M intents, per part.
+    Status(status::StatusBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -45,5 +49,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Consume(args) => consume::run(args).await,
         BenchCommand::Rebuild(args) => rebuild::run(args).await,
         BenchCommand::Search(args) => search::run(args).await,
+        BenchCommand::Status(args) => status::run(args).await,
     }
 }
