@@ -13,6 +13,7 @@ pub mod limits;
 pub mod observe;
 pub mod openapi;
 pub mod problem;
+pub mod ready;
 pub mod routes;
 
 pub use auth::Tokens;

@@ -1,5 +1,6 @@
 //! The OpenAPI document of everything `herald serve` answers over HTTP
-//! ([`crate::router`] merged with [`crate::observe::routes`]), served at
+//! ([`crate::router`] merged with [`crate::observe::routes`] and
+//! [`crate::ready::routes`]), served at
 //! `GET /openapi.json`. It is assembled from the handlers' `#[utoipa::path]`
 //! annotations and the schemas of the types they serialize, so that a
 //! handler or a response type cannot change without the document seeing it.
@@ -13,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::problem::Problem;
-use crate::{observe, routes};
+use crate::{observe, ready, routes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -24,6 +25,7 @@ use crate::{observe, routes};
     ),
     paths(
         routes::healthz,
+        ready::readyz,
         routes::create_export,
         routes::get_export,
         routes::delete_export,

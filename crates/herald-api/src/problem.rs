@@ -92,6 +92,11 @@ impl Problem {
         p
     }
 
+    /// `GET /readyz`: a dependency does not answer or a role is not running.
+    pub fn unready(detail: impl Into<String>) -> Problem {
+        Problem::new(StatusCode::SERVICE_UNAVAILABLE, "/problems/unready", "Process not ready", detail)
+    }
+
     /// Infrastructure failure: the caller may retry with the same key.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, "/problems/unavailable", "Temporarily unavailable", detail)

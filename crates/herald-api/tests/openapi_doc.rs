@@ -69,6 +69,7 @@ async fn the_document_names_every_route_as_openapi_3() -> anyhow::Result<()> {
             "/healthz",
             "/metrics",
             "/openapi.json",
+            "/readyz",
             "/status",
             "/status.json",
             "/v1/exports",

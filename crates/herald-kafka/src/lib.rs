@@ -12,11 +12,13 @@ mod config;
 mod connect;
 mod embedded;
 pub mod offsets;
+mod ping;
 mod topics;
 
 pub use config::KafkaConfig;
 pub use connect::{ConnectError, check_connection};
 pub use embedded::EmbeddedKafka;
+pub use ping::BrokerPing;
 pub use topics::{Replication, TopicError, TopicSettings, ensure_topics};
 
 /// Topic of commands for export workers.

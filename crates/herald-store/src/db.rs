@@ -140,6 +140,12 @@ impl Db {
         }
     }
 
+    /// One round trip: the database answers (readiness probes).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
     pub async fn begin(&self) -> Result<crate::Tx<'static>, StoreError> {
         Ok(self.pool.begin().await?)
     }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use herald_api::observe::Access;
+use herald_api::ready::{Readiness, track};
 use herald_api::{AppState, Tokens};
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::Registry;
@@ -16,7 +17,7 @@ use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{self, ExportWorker};
 use herald_export::{IntakeConfig, LeasePolicy, cleanup, scanner};
 use herald_fault::Hook;
-use herald_kafka::{KafkaConfig, Topics};
+use herald_kafka::{BrokerPing, KafkaConfig, Topics};
 use herald_notify::dispatcher::{Dispatcher, DispatcherConfig};
 use herald_notify::provider::ProviderClient;
 use herald_notify::start::StartAt;
@@ -138,6 +139,8 @@ pub struct Running {
     pub observe_addr: Option<SocketAddr>,
     /// The figures behind `/metrics` and `/status`, when the API role runs.
     pub monitor: Option<Arc<Monitor>>,
+    /// What `/readyz` answers: the dependencies and every role started here.
+    pub readiness: Readiness,
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
 }
@@ -192,6 +195,7 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
     }
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
+    let readiness = readiness(&wiring)?;
     let artifacts = ArtifactStore::from_location(&wiring.artifacts)?;
     let mut api_addr = None;
     let mut observe_addr = None;
@@ -209,24 +213,26 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
         let searches = herald_api::limits::SearchSlots::new(options.api_limits.search_concurrency);
         let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone(), searches };
         let figures = start_monitor(&wiring, options.status_interval)?;
-        let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone());
+        let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone())
+            .merge(herald_api::ready::routes(readiness.clone()));
         let app = match &options.observe {
             Observe::OnApi(access) => limited.merge(herald_api::observe::routes(figures.clone(), access.clone())),
             Observe::Listener(listen) => {
                 let observer = TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
                 observe_addr = Some(observer.local_addr()?);
-                tasks.spawn(api(observer, herald_api::observe::routes(figures.clone(), Access::Open), shutdown.clone()));
+                let observed = api(observer, herald_api::observe::routes(figures.clone(), Access::Open), shutdown.clone());
+                tasks.spawn(track(readiness.role("observe"), observed));
                 limited
             }
         };
-        tasks.spawn(api(listener, app, shutdown.clone()));
-        tasks.spawn({
+        tasks.spawn(track(readiness.role("api"), api(listener, app, shutdown.clone())));
+        tasks.spawn(track(readiness.role("status"), {
             let (figures, shutdown) = (figures.clone(), shutdown.clone());
             async move {
                 figures.run(shutdown).await;
                 Ok(())
             }
-        });
+        }));
         monitor = Some(figures);
     }
     if roles.relay {
@@ -235,13 +241,13 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             publish_relay_counters(monitor, relay.counters());
         }
         let shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        tasks.spawn(track(readiness.role("relay"), async move {
             relay.run(shutdown).await;
             Ok(())
-        });
+        }));
     }
     if roles.worker {
-        spawn_worker_roles(&mut tasks, &wiring, &options, artifacts, &shutdown);
+        spawn_worker_roles(&mut tasks, &readiness, &wiring, &options, artifacts, &shutdown);
     }
     if roles.subscriptions {
         for name in subscriptions::Name::ALL {
@@ -250,19 +256,43 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
                 publish_subscription_counters(monitor, name.as_str(), &metrics);
             }
             let subscription_options = SubscriptionOptions { registry: options.registry.clone(), ..SubscriptionOptions::default() };
-            tasks.spawn(subscription(name, wiring.clone(), subscription_options, metrics, options.notify_start_at, shutdown.clone()));
+            let run = subscription(name, wiring.clone(), subscription_options, metrics, options.notify_start_at, shutdown.clone());
+            tasks.spawn(track(readiness.role(name.as_str()), run));
         }
     }
     if roles.dispatcher {
         let dispatch = options.dispatch.clone().context("the dispatcher role needs a notification provider")?;
         let dispatcher = Dispatcher::new(wiring.db.clone(), dispatch.client, dispatch.config, options.faults.clone());
         let shutdown = shutdown.clone();
-        tasks.spawn(async move {
+        tasks.spawn(track(readiness.role("dispatcher"), async move {
             dispatcher.run(shutdown).await;
             Ok(())
-        });
+        }));
     }
-    Ok(Running { api_addr, observe_addr, monitor, shutdown, tasks })
+    Ok(Running { api_addr, observe_addr, monitor, readiness, shutdown, tasks })
+}
+
+/// Readiness needs the database and the broker to answer (a long-lived
+/// client, so a probe is one metadata request).
+fn readiness(wiring: &Wiring) -> anyhow::Result<Readiness> {
+    let readiness = Readiness::new();
+    let db = wiring.db.clone();
+    readiness.depends_on(
+        "database",
+        Arc::new(move || {
+            let db = db.clone();
+            Box::pin(async move { db.ping().await.map_err(|e| e.to_string()) })
+        }),
+    );
+    let broker = BrokerPing::new(&wiring.kafka).context("a Kafka client for readiness")?;
+    readiness.depends_on(
+        "broker",
+        Arc::new(move || {
+            let broker = broker.clone();
+            Box::pin(async move { broker.answers(herald_api::ready::CHECK_TIMEOUT).await })
+        }),
+    );
+    Ok(readiness)
 }
 
 async fn api(listener: TcpListener, app: axum::Router, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -313,6 +343,7 @@ fn publish_subscription_counters(monitor: &Monitor, name: &str, metrics: &Arc<Me
 
 fn spawn_worker_roles(
     tasks: &mut JoinSet<anyhow::Result<()>>,
+    readiness: &Readiness,
     wiring: &Wiring,
     options: &RoleOptions,
     artifacts: ArtifactStore,
@@ -320,22 +351,22 @@ fn spawn_worker_roles(
 ) {
     let (db, topics, policy) = (wiring.db.clone(), wiring.topics.clone(), options.policy.clone());
     let scan = scanner::run(db.clone(), topics.clone(), policy.clone(), options.scan_interval, shutdown.clone());
-    tasks.spawn(async move {
+    tasks.spawn(track(readiness.role("scanner"), async move {
         scan.await;
         Ok(())
-    });
+    }));
     let clean = cleanup::run(db.clone(), artifacts.clone(), options.orphan_grace, options.scan_interval * 10, shutdown.clone());
-    tasks.spawn(async move {
+    tasks.spawn(track(readiness.role("artifact-cleanup"), async move {
         clean.await;
         Ok(())
-    });
+    }));
     let subscription = Subscription::new(worker::SUBSCRIPTION, &wiring.group_prefix, &wiring.kafka, &[&topics.commands]);
     let worker = ExportWorker::new(db.clone(), topics, artifacts, policy, options.faults.clone());
     let shutdown = shutdown.clone();
-    tasks.spawn(async move {
+    tasks.spawn(track(readiness.role("export-worker"), async move {
         herald_consumer::run(&subscription, &db, &worker, shutdown).await?;
         Ok(())
-    });
+    }));
 }
 
 /// One subscription of the events topic; each is its own consumer group, so
