@@ -24,6 +24,16 @@ use config::Backends;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines on stderr: `text` for people, `json` (one object per line,
+    /// with the current span and its parents) for log collectors.
+    #[arg(long, global = true, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -119,14 +129,7 @@ fn main() -> ExitCode {
     // The demo's output is its report; roles that run for long log progress.
     let default_filter =
         if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("HERALD_LOG")
-                .or_else(|_| EnvFilter::try_from_default_env())
-                .unwrap_or_else(|_| EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(cli.log_format, default_filter);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -194,6 +197,17 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             println!("migrations applied to {}", database.require("herald migrate")?);
             Ok(ExitCode::SUCCESS)
         }
+    }
+}
+
+fn init_logs(format: LogFormat, default_filter: &str) {
+    let filter = EnvFilter::try_from_env("HERALD_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).flatten_event(true).init(),
     }
 }
 
