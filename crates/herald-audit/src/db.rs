@@ -9,8 +9,10 @@ use crate::AuditError;
 use crate::model::{COMPLETED, Completion, DbEvidence, DeadLetter, OutboxRow, SearchDocument};
 
 /// Reads every table the checks compare, in one transaction (repeatable read
-/// on PostgreSQL), so the tables agree with each other.
-pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
+/// on PostgreSQL), so the tables agree with each other. Each prune horizon
+/// is raised by `clock_skew_ms`: rows are dated by the clocks of the hosts
+/// that wrote them, and a fact that close to a horizon is not checked.
+pub async fn read(db: &Db, clock_skew_ms: i64) -> Result<DbEvidence, AuditError> {
     let mut tx = db.begin().await?;
     let commit_order = match db.backend() {
         Backend::Postgres => {
@@ -21,8 +23,9 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         }
         Backend::Sqlite => "seq",
     };
-    let sql =
-        format!("SELECT seq, source, event_id, event_type, subject, topic, partition_key, status FROM outbox ORDER BY {commit_order}");
+    let sql = format!(
+        "SELECT seq, source, event_id, event_type, subject, topic, partition_key, status, event_time_ms FROM outbox ORDER BY {commit_order}"
+    );
     let outbox = sqlx::query(&sql)
         .fetch_all(&mut *tx)
         .await?
@@ -42,24 +45,32 @@ pub async fn read(db: &Db) -> Result<DbEvidence, AuditError> {
         .iter()
         .map(search_document)
         .collect::<Result<_, sqlx::Error>>()?;
+    let mut horizons = herald_store::prune::horizons(&mut tx).await?;
+    for kind in crate::model::Kind::ALL {
+        if let Some(h) = horizons.get(kind) {
+            horizons.set(kind, h.saturating_add(clock_skew_ms));
+        }
+    }
     let evidence = DbEvidence {
+        horizons,
         outbox,
         inbox: select(
             &mut tx,
             "SELECT subscription, source, event_id, topic, kafka_partition AS partition, kafka_offset AS \"offset\" FROM inbox",
         )
         .await?,
-        jobs: select(&mut tx, "SELECT job_id, caller, status, result_id, format, query FROM export_jobs").await?,
+        jobs: select(&mut tx, "SELECT job_id, caller, status, result_id, format, query, created_at_ms, completed_at_ms FROM export_jobs").await?,
         intake_keys: select(&mut tx, "SELECT caller, operation, intent_key AS key, fingerprint, job_id FROM export_intents").await?,
         active_generation,
         search_documents,
         artifacts: select(&mut tx, "SELECT result_id, job_id FROM export_artifacts").await?,
-        intents: select(&mut tx, "SELECT idempotency_key AS key, status, source, event_id, recipient FROM notification_intents").await?,
+        intents: select(&mut tx, "SELECT idempotency_key AS key, status, source, event_id, recipient, job_id FROM notification_intents").await?,
         completions,
         undecodable_completions,
         stats_counters: select(&mut tx, "SELECT day, caller, format, exports, bytes FROM stats_counters c JOIN active_generations g ON g.projection = 'stats' AND c.generation = g.generation").await?,
         dead_letters: sqlx::query(
-            "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers FROM dead_letters",
+            "SELECT id, subscription, source, event_id, topic, kafka_partition, kafka_offset, status, record_value, headers, created_at_ms \
+             FROM dead_letters",
         )
         .fetch_all(&mut *tx)
         .await?
@@ -82,7 +93,7 @@ where
 /// Completion events with their data decoded. A row that does not decode is
 /// evidence too (a check names it), not a reason to stop the audit.
 async fn completions(tx: &mut Tx<'_>) -> Result<(Vec<Completion>, Vec<(i64, String)>), AuditError> {
-    let rows = sqlx::query("SELECT seq, source, event_id, schema_file, data FROM outbox WHERE event_type = $1")
+    let rows = sqlx::query("SELECT seq, source, event_id, schema_file, data, event_time_ms FROM outbox WHERE event_type = $1")
         .bind(COMPLETED)
         .fetch_all(&mut **tx)
         .await?;
@@ -98,6 +109,7 @@ async fn completions(tx: &mut Tx<'_>) -> Result<(Vec<Completion>, Vec<(i64, Stri
                 format: c.format,
                 completed_at_ms: c.completed_at_ms,
                 size_bytes: c.size_bytes,
+                event_time_ms: r.try_get("event_time_ms")?,
             }),
             Err(e) => undecodable.push((r.try_get("seq")?, e.to_string())),
         }
@@ -116,6 +128,7 @@ fn outbox_row(rank: usize, r: &AnyRow) -> Result<OutboxRow, sqlx::Error> {
         topic: r.try_get("topic")?,
         partition_key: r.try_get("partition_key")?,
         status: r.try_get("status")?,
+        event_time_ms: r.try_get("event_time_ms")?,
     })
 }
 
@@ -143,5 +156,6 @@ fn dead_letter(r: &AnyRow) -> Result<DeadLetter, sqlx::Error> {
         status: r.try_get("status")?,
         // Headers are stored as a JSON array; `[]` is a record without any.
         holds_record: value.is_some() || headers.trim() != "[]",
+        created_at_ms: r.try_get("created_at_ms")?,
     })
 }

@@ -81,5 +81,6 @@ fn record<M: Message>(message: &M) -> KafkaRecord {
         key: message.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default(),
         source: header("ce_source"),
         event_id: header("ce_id"),
+        timestamp_ms: message.timestamp().to_millis(),
     }
 }

@@ -26,4 +26,4 @@ mod run;
 
 pub use error::AuditError;
 pub use report::{CheckReport, Report, Violation};
-pub use run::{Sources, audit, gather};
+pub use run::{DEFAULT_CLOCK_SKEW, Sources, audit, gather};

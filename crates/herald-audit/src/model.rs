@@ -3,6 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use herald_store::prune::{Horizons, Kind};
+
 /// Event types the checks reason about.
 pub const COMPLETED: &str = "herald.export.completed";
 pub const DELETED: &str = "herald.export.deleted";
@@ -37,6 +39,9 @@ pub struct OutboxRow {
     pub topic: String,
     pub partition_key: String,
     pub status: String,
+    /// The event's `time`: every row about the event is dated after it,
+    /// which is what places the event against a prune horizon.
+    pub event_time_ms: i64,
 }
 
 impl OutboxRow {
@@ -55,6 +60,8 @@ pub struct KafkaRecord {
     /// CloudEvents `source` / `id` headers; empty when the record has none.
     pub source: String,
     pub event_id: String,
+    /// The record's timestamp (the relay's clock when it produced it).
+    pub timestamp_ms: Option<i64>,
 }
 
 /// The history of the topics as read, plus where a partition no longer
@@ -87,6 +94,8 @@ pub struct Job {
     pub result_id: Option<String>,
     pub format: String,
     pub query: String,
+    pub created_at_ms: i64,
+    pub completed_at_ms: Option<i64>,
 }
 
 /// An intake key (`export_intents`): the job it created and the fingerprint
@@ -120,6 +129,8 @@ pub struct Completion {
     pub format: String,
     pub completed_at_ms: i64,
     pub size_bytes: i64,
+    /// The outbox row's event time.
+    pub event_time_ms: i64,
 }
 
 /// One row of `stats_counters`.
@@ -147,6 +158,7 @@ pub struct DeadLetter {
     pub status: String,
     /// A value or headers are kept: there is something to redrive.
     pub holds_record: bool,
+    pub created_at_ms: i64,
 }
 
 /// A registered candidate artifact (`export_artifacts`).
@@ -164,6 +176,7 @@ pub struct Intent {
     pub source: String,
     pub event_id: String,
     pub recipient: String,
+    pub job_id: String,
 }
 
 /// What the database holds.
@@ -184,6 +197,10 @@ pub struct DbEvidence {
     pub undecodable_completions: Vec<(i64, String)>,
     pub stats_counters: Vec<StatsCounter>,
     pub dead_letters: Vec<DeadLetter>,
+    /// How far down a prune may have removed rows (each already widened by
+    /// the clock skew the audit allows between hosts): facts below are
+    /// not checked.
+    pub horizons: Horizons,
 }
 
 /// Everything an audit looks at. `None` means that source was not given and

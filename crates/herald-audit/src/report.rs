@@ -1,9 +1,12 @@
 //! What an audit found: one entry per check, each naming the invariant it
 //! covers and every violation, with enough detail to find the row or record.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+
+use crate::model::{Horizons, Kind};
 
 /// One broken promise, with the thing that breaks it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -58,12 +61,25 @@ pub struct Report {
     pub ok: bool,
     pub violations: usize,
     pub checks: Vec<CheckReport>,
+    /// Per kind of pruned row, the time (RFC 3339) below which facts were
+    /// not checked: a prune may have removed their rows.
+    pub horizons: BTreeMap<&'static str, String>,
 }
 
 impl Report {
     pub fn new(checks: Vec<CheckReport>) -> Report {
         let violations = checks.iter().map(|c| c.violations.len()).sum();
-        Report { ok: violations == 0, violations, checks }
+        Report { ok: violations == 0, violations, checks, horizons: BTreeMap::new() }
+    }
+
+    pub fn with_horizons(mut self, horizons: &Horizons) -> Report {
+        for kind in Kind::ALL {
+            if let Some(at) = horizons.get(kind) {
+                let time = chrono::DateTime::from_timestamp_millis(at).map_or_else(|| at.to_string(), |t| t.to_rfc3339());
+                self.horizons.insert(kind.as_str(), time);
+            }
+        }
+        self
     }
 
     pub fn check(&self, name: &str) -> Option<&CheckReport> {
@@ -79,6 +95,10 @@ impl Report {
     /// listed per check (all are counted).
     pub fn table(&self, per_check: usize) -> String {
         let mut out = String::new();
+        if !self.horizons.is_empty() {
+            let below: Vec<String> = self.horizons.iter().map(|(kind, at)| format!("{kind} before {at}")).collect();
+            let _ = writeln!(out, "  prune horizon: checked above it only ({})", below.join(", "));
+        }
         for c in &self.checks {
             let mark = match (c.ran, c.violations.is_empty()) {
                 (false, _) => "skip",

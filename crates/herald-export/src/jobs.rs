@@ -278,3 +278,18 @@ pub async fn count_by_status(db: &Db, status: &str) -> Result<i64, StoreError> {
 pub fn is_open(job: &Job) -> bool {
     !lifecycle::is_terminal(&job.status)
 }
+
+/// Up to `limit` intake keys accepted before `before_ms`. A retry with a
+/// pruned key creates a new job: the key's retention is how long a caller
+/// may retry a request and get the first answer.
+pub async fn prune_intake_keys(db: &Db, before_ms: i64, limit: i64) -> Result<herald_store::prune::Batch, herald_store::StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM export_intents WHERE (caller, operation, intent_key) IN \
+         (SELECT caller, operation, intent_key FROM export_intents WHERE created_at_ms < $1 LIMIT $2)",
+    )
+    .bind(before_ms)
+    .bind(limit)
+    .execute(db.pool())
+    .await?;
+    Ok(herald_store::prune::Batch::limited(done.rows_affected(), limit))
+}

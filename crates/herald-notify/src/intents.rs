@@ -92,6 +92,28 @@ pub async fn count(db: &Db, status: &str) -> Result<i64, StoreError> {
     Ok(row.try_get("n")?)
 }
 
+/// Statuses an intent never leaves by itself: a prune may remove them once
+/// old. `unknown` and `pending` are not among them: one waits for an
+/// operator's reconcile, the other for its dispatch.
+pub const SETTLED: [&str; 4] = [crate::rules::SENT, crate::rules::CONFLICT, crate::rules::FAILED, crate::rules::DEAD];
+
+/// Up to `limit` settled intents last changed before `before_ms`.
+pub async fn prune(db: &Db, before_ms: i64, limit: i64) -> Result<herald_store::prune::Batch, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM notification_intents WHERE idempotency_key IN (SELECT idempotency_key FROM notification_intents \
+         WHERE status IN ($1, $2, $3, $4) AND created_at_ms < $5 AND updated_at_ms < $5 LIMIT $6)",
+    )
+    .bind(SETTLED[0])
+    .bind(SETTLED[1])
+    .bind(SETTLED[2])
+    .bind(SETTLED[3])
+    .bind(before_ms)
+    .bind(limit)
+    .execute(db.pool())
+    .await?;
+    Ok(herald_store::prune::Batch::limited(done.rows_affected(), limit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

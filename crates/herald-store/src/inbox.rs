@@ -161,23 +161,6 @@ pub async fn normalise_legacy_sources(db: &Db, subscription: &str, aliases: &[(&
     Ok(changed)
 }
 
-/// Deletes inbox rows processed before `before_ms` (all subscriptions, or
-/// one). See ARCHITECTURE.md "Inbox retention" for how old is safe: a row
-/// must outlive every way its record can still be delivered.
-pub async fn delete_older_than(db: &Db, before_ms: i64, subscription: Option<&str>) -> Result<u64, StoreError> {
-    let done = match subscription {
-        Some(s) => {
-            sqlx::query("DELETE FROM inbox WHERE processed_at_ms < $1 AND subscription = $2")
-                .bind(before_ms)
-                .bind(s)
-                .execute(db.pool())
-                .await?
-        }
-        None => sqlx::query("DELETE FROM inbox WHERE processed_at_ms < $1").bind(before_ms).execute(db.pool()).await?,
-    };
-    Ok(done.rows_affected())
-}
-
 /// Inbox rows of `subscription`, for reports and tests.
 pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
     let row = sqlx::query("SELECT COUNT(*) AS n FROM inbox WHERE subscription = $1").bind(subscription).fetch_one(db.pool()).await?;

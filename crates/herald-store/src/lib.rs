@@ -17,6 +17,7 @@ pub mod lease;
 pub mod outbox;
 pub mod parked;
 pub mod positions;
+pub mod prune;
 pub mod start_positions;
 
 pub use db::{Backend, Db, now_ms};

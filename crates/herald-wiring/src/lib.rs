@@ -14,6 +14,7 @@
 pub mod config;
 pub mod connection;
 pub mod pipeline;
+pub mod prune;
 pub mod retention;
 pub mod signals;
 pub mod subscriptions;

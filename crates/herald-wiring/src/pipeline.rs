@@ -89,6 +89,8 @@ pub struct RoleOptions {
     pub observe: Observe,
     /// How often the status figures are taken (by one process for all).
     pub status_interval: Duration,
+    /// Pruning on a schedule (`--prune-older-than-days`); off when `None`.
+    pub prune: Option<crate::prune::Schedule>,
 }
 
 /// Where the observation endpoints are served.
@@ -121,6 +123,7 @@ impl Default for RoleOptions {
             api_limits: herald_api::limits::Limits::default(),
             observe: Observe::OnApi(Access::Open),
             status_interval: Duration::from_secs(1),
+            prune: None,
         }
     }
 }
@@ -259,6 +262,13 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             let run = subscription(name, wiring.clone(), subscription_options, metrics, options.notify_start_at, shutdown.clone());
             tasks.spawn(track(readiness.role(name.as_str()), run));
         }
+    }
+    if let Some(schedule) = options.prune.clone() {
+        let (db, shutdown) = (wiring.db.clone(), shutdown.clone());
+        tasks.spawn(track(readiness.role("prune"), async move {
+            crate::prune::run_every(db, schedule.options, schedule.every, shutdown).await;
+            Ok(())
+        }));
     }
     if roles.dispatcher {
         let dispatch = options.dispatch.clone().context("the dispatcher role needs a notification provider")?;

@@ -24,6 +24,10 @@ pub struct AuditArgs {
     /// How long reading the Kafka history may take.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub kafka_timeout: Duration,
+    /// How far the clocks of the hosts that wrote the rows may disagree;
+    /// facts this close above a prune horizon are not checked.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    pub clock_skew: Duration,
     /// Violations listed per check in the table (all are counted).
     #[arg(long, default_value_t = 20)]
     pub show: usize,
@@ -63,6 +67,7 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         artifacts,
         provider_url: args.notify_url.clone(),
         kafka_timeout: args.kafka_timeout,
+        clock_skew: args.clock_skew,
     };
     let report = match herald_audit::audit(&sources).await {
         Ok((report, _)) => report,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use herald_kafka::Topics;
-use herald_store::{inbox, now_ms};
+use herald_store::prune::{self, Kind};
 use herald_wiring::retention::{self, TopicRetention};
 
 use crate::subscriptions::Name;
@@ -63,8 +63,18 @@ pub async fn run(args: InboxArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let db = args.database.open("herald inbox", true).await?;
-    let before = now_ms() - i64::from(older_than_days) * 86_400_000;
-    let deleted = inbox::delete_older_than(&db, before, subscription.map(Name::as_str)).await?;
+    let before = prune::db_now_ms(&db).await? - i64::from(older_than_days) * 86_400_000;
+    // The audit checks inbox rows only above this horizon from now on.
+    prune::raise(&db, Kind::Inbox, before).await?;
+    let mut deleted = 0;
+    loop {
+        let batch = prune::inbox(&db, before, subscription.map(Name::as_str), 1000).await?;
+        deleted += batch.removed;
+        if batch.next.is_none() {
+            break;
+        }
+    }
+    prune::count_removed(&db, Kind::Inbox, deleted).await?;
     println!("deleted {deleted} inbox row(s) processed more than {older_than_days} day(s) ago");
     Ok(ExitCode::SUCCESS)
 }

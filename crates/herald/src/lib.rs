@@ -13,6 +13,7 @@ pub mod cmd_inbox;
 pub mod cmd_notify;
 pub mod cmd_outbox;
 pub mod cmd_provider_sim;
+pub mod cmd_prune;
 pub mod cmd_rebuild;
 pub mod cmd_relay;
 pub mod cmd_schemas;

@@ -4,8 +4,8 @@ use herald::lifecycle_args::LifecycleArgs;
 use herald::notify_args::{InvalidNotifyArgs, NotifyArgs};
 use herald::pipeline::Roles;
 use herald::{
-    bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_rebuild, cmd_relay, cmd_status,
-    config, pipeline,
+    bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_prune, cmd_rebuild, cmd_relay,
+    cmd_status, config, pipeline,
 };
 use herald_notify::start::{self as notify_start, StartAt};
 use herald_proof::{demo, drill};
@@ -56,6 +56,8 @@ enum Command {
         /// time. Without it such a start is refused (exit 2).
         #[arg(long, env = "HERALD_NOTIFY_START_AT", value_parser = notify_start::parse_start_at)]
         notify_start_at: Option<StartAt>,
+        #[command(flatten)]
+        prune: cmd_prune::ServePrune,
     },
     /// Run the HTTP API alone (intake, job reads, search).
     Api {
@@ -101,6 +103,8 @@ enum Command {
     Dlq(cmd_dlq::DlqArgs),
     /// Inbox maintenance (retention).
     Inbox(cmd_inbox::InboxArgs),
+    /// Remove rows that have done their job once older than a retention (floors read from the broker).
+    Prune(cmd_prune::PruneArgs),
     /// Event data schemas: `check` their evolution under the declared modes.
     Schemas(herald::cmd_schemas::SchemasArgs),
     /// Check every invariant against the database, Kafka, artifacts and the provider.
@@ -159,16 +163,16 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen, lifecycle, notify, notify_start_at } => {
-            serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify), notify_start_at).await
+        Command::Serve { backends, listen, lifecycle, notify, notify_start_at, prune } => {
+            serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify), notify_start_at, Some(&prune)).await
         }
         Command::Api { backends, listen, lifecycle } => {
             let roles = Roles { api: Some(listen), relay: false, worker: false, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None, None).await
+            serve(backends, roles, Some(&lifecycle), None, None, None).await
         }
         Command::Worker { backends, lifecycle } => {
             let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None, None).await
+            serve(backends, roles, Some(&lifecycle), None, None, None).await
         }
         Command::Relay(args) => cmd_relay::run(args).await,
         Command::Status(args) => cmd_status::run(args).await,
@@ -179,7 +183,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::from(2));
             }
             let roles = Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true };
-            serve(backends, roles, None, Some(&notify), None).await
+            serve(backends, roles, None, Some(&notify), None, None).await
         }
         Command::Notify(args) => cmd_notify::run(args).await,
         Command::Rebuild(args) => cmd_rebuild::run(args).await,
@@ -188,6 +192,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Consume(args) => cmd_consume::run(args).await,
         Command::Dlq(args) => cmd_dlq::run(args).await,
         Command::Inbox(args) => cmd_inbox::run(args).await,
+        Command::Prune(args) => cmd_prune::run(args).await,
         Command::Schemas(args) => herald::cmd_schemas::run(args).await,
         Command::Audit(args) => cmd_audit::run(args).await,
         Command::Drill(args) => drill::run(args).await,
@@ -227,6 +232,7 @@ async fn serve(
     lifecycle: Option<&LifecycleArgs>,
     notify: Option<&NotifyArgs>,
     notify_start_at: Option<StartAt>,
+    prune: Option<&cmd_prune::ServePrune>,
 ) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     options.notify_start_at = notify_start_at;
@@ -237,6 +243,15 @@ async fn serve(
         notify.validate()?;
     }
     let env = backends.resolve().await?;
+    if let Some(prune) = prune {
+        match prune.schedule(&env.wiring).await {
+            Ok(schedule) => options.prune = schedule,
+            Err(refusal) => {
+                eprintln!("error: --prune-older-than-days: {refusal}");
+                return Ok(ExitCode::from(2));
+            }
+        }
+    }
     if let (true, Some(notify)) = (roles.dispatcher, notify) {
         let (url, caps) = match &notify.notify_url {
             Some(url) => (url.clone(), notify.capabilities()),

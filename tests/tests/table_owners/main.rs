@@ -27,6 +27,11 @@ const EXEMPT: &[(&str, &str)] = &[
          relay cursors set as a relay's progress write sets them; not a production path",
     ),
     (
+        "crates/herald-proof/src/bench/prune.rs",
+        "benchmark fixture: a million old delivered outbox rows and inbox rows for a prune to remove, in generate_series \
+         statements; not a production path",
+    ),
+    (
         "crates/herald-proof/src/bench/search_load.rs",
         "benchmark fixture: a million search documents in one generate_series statement, not a production path",
     ),

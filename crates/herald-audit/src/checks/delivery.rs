@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::identity;
-use crate::model::{KafkaHistory, OutboxRow};
+use crate::model::{Horizons, KafkaHistory, Kind, OutboxRow};
 use crate::report::{CheckReport, Violation};
 
 pub const OUTBOX_IN_KAFKA: &str = "outbox_in_kafka";
@@ -12,7 +12,7 @@ pub const KEY_ORDER: &str = "key_order";
 /// Each delivered outbox row is in Kafka, on its topic, under its key, with
 /// the same (`source`, `id`); each record in Kafka has its outbox row (a
 /// record without one is a fact the database no longer holds).
-pub fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckReport {
+pub fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory, horizons: &Horizons) -> CheckReport {
     let mut in_kafka: HashMap<(String, String, String), Vec<&str>> = HashMap::new();
     let mut violations = Vec::new();
     for r in &kafka.records {
@@ -40,15 +40,25 @@ pub fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckRepor
             Some(_) => {}
         }
     }
+    let mut below = 0;
     for r in kafka.records.iter().filter(|r| !r.event_id.is_empty() && !r.source.is_empty()) {
         if !rows.contains(&(r.topic.clone(), r.source.clone(), r.event_id.clone())) {
+            // Produced before the horizon: its row was delivered later
+            // still, and may have been pruned since.
+            if r.timestamp_ms.is_some_and(|t| horizons.below(Kind::Outbox, t)) {
+                below += 1;
+                continue;
+            }
             violations.push(Violation::new(
                 "no_outbox_row",
                 format!("{}/{}@{} ({} {}, key {}) has no outbox row", r.topic, r.partition, r.offset, r.source, r.event_id, r.key),
             ));
         }
     }
-    let note = truncation_note(kafka);
+    let note = match (truncation_note(kafka), super::below_note(below, Kind::Outbox)) {
+        (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+        (a, b) => a.or(b),
+    };
     let checked = outbox.iter().filter(|o| o.delivered()).count() + kafka.records.len();
     CheckReport::new(
         OUTBOX_IN_KAFKA,
@@ -110,6 +120,10 @@ mod tests {
     use super::*;
     use crate::model::KafkaRecord;
 
+    fn outbox_in_kafka(outbox: &[OutboxRow], kafka: &KafkaHistory) -> CheckReport {
+        super::outbox_in_kafka(outbox, kafka, &Horizons::default())
+    }
+
     fn row(seq: i64, id: &str, key: &str, status: &str) -> OutboxRow {
         OutboxRow {
             seq,
@@ -121,11 +135,20 @@ mod tests {
             topic: "events".into(),
             partition_key: key.into(),
             status: status.into(),
+            event_time_ms: 0,
         }
     }
 
     fn rec(offset: i64, id: &str, key: &str) -> KafkaRecord {
-        KafkaRecord { topic: "events".into(), partition: 0, offset, key: key.into(), source: "/s".into(), event_id: id.into() }
+        KafkaRecord {
+            topic: "events".into(),
+            partition: 0,
+            offset,
+            key: key.into(),
+            source: "/s".into(),
+            event_id: id.into(),
+            timestamp_ms: Some(offset),
+        }
     }
 
     fn history(records: Vec<KafkaRecord>) -> KafkaHistory {
@@ -165,5 +188,17 @@ mod tests {
         // Commit order is the rank, not the sequence: a redriven row.
         outbox[1].commit_rank = 9;
         assert!(key_order(&outbox, &swapped).violations.is_empty());
+    }
+
+    #[test]
+    fn a_record_produced_below_the_outbox_horizon_may_have_lost_its_row() {
+        // Records a (timestamp 0) and b (timestamp 1); neither has a row any more.
+        let kafka = history(vec![rec(0, "a", "k"), rec(1, "b", "k")]);
+        let mut horizons = Horizons::default();
+        horizons.set(Kind::Outbox, 1);
+        let report = super::outbox_in_kafka(&[], &kafka, &horizons);
+        assert_eq!(report.count("no_outbox_row"), 1, "b was produced at the horizon: its row must be there");
+        assert!(report.violations[0].detail.contains(" b,"), "{:?}", report.violations);
+        assert!(report.note.as_deref().is_some_and(|n| n.contains("1 fact(s) below the outbox prune horizon")), "{:?}", report.note);
     }
 }

@@ -4,17 +4,21 @@
 use std::collections::HashMap;
 
 use super::canonical;
-use crate::model::{COMPLETED, COMPLETION_SUBSCRIPTIONS, InboxRow, OutboxRow};
+use crate::model::{COMPLETED, COMPLETION_SUBSCRIPTIONS, Horizons, InboxRow, Kind, OutboxRow};
 use crate::report::{CheckReport, Violation};
 
 pub const INBOX_ONCE: &str = "inbox_once";
 
-pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
+pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow], horizons: &Horizons) -> CheckReport {
     let mut rows: HashMap<(&str, &str, &str), usize> = HashMap::new();
     for r in inbox {
         *rows.entry((r.subscription.as_str(), canonical(&r.source), r.event_id.as_str())).or_default() += 1;
     }
-    let completions: Vec<&OutboxRow> = outbox.iter().filter(|o| o.delivered() && o.event_type == COMPLETED).collect();
+    let all: Vec<&OutboxRow> = outbox.iter().filter(|o| o.delivered() && o.event_type == COMPLETED).collect();
+    // Every inbox row of an event is dated after the event: above the
+    // horizon, none can have been pruned.
+    let (completions, below): (Vec<&OutboxRow>, Vec<&OutboxRow>) =
+        all.into_iter().partition(|o| !horizons.below(Kind::Inbox, o.event_time_ms));
     let mut violations = Vec::new();
     for event in &completions {
         for subscription in COMPLETION_SUBSCRIPTIONS {
@@ -28,7 +32,7 @@ pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
             }
         }
     }
-    let note = Some("rows removed by `herald inbox cleanup` show as missing".to_owned());
+    let note = super::below_note(below.len(), Kind::Inbox);
     CheckReport::new(
         INBOX_ONCE,
         "8: one inbox row per completion event and subscription",
@@ -42,6 +46,10 @@ pub fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
 mod tests {
     use super::*;
 
+    fn inbox_once(outbox: &[OutboxRow], inbox: &[InboxRow]) -> CheckReport {
+        super::inbox_once(outbox, inbox, &Horizons::default())
+    }
+
     fn completion(id: &str) -> OutboxRow {
         OutboxRow {
             seq: 1,
@@ -53,6 +61,7 @@ mod tests {
             topic: "events".into(),
             partition_key: "job".into(),
             status: "delivered".into(),
+            event_time_ms: 0,
         }
     }
 
@@ -82,5 +91,19 @@ mod tests {
 
         rows.retain(|r| r.subscription != "notify");
         assert_eq!(inbox_once(&outbox, &rows).count("missing_inbox_row"), 1);
+    }
+
+    #[test]
+    fn completions_below_the_inbox_horizon_are_not_counted() {
+        let mut old = completion("e1");
+        old.event_time_ms = 5;
+        let mut new = completion("e2");
+        new.event_time_ms = 10;
+        let mut horizons = Horizons::default();
+        horizons.set(Kind::Inbox, 10);
+        // No inbox rows at all: e1's may be pruned, e2's may not.
+        let report = super::inbox_once(&[old, new], &[], &horizons);
+        assert_eq!(report.count("missing_inbox_row"), COMPLETION_SUBSCRIPTIONS.len(), "{:?}", report.violations);
+        assert!(report.violations.iter().all(|v| v.detail.contains("e2")), "{:?}", report.violations);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use herald_export::{ExportRequest, Format};
 
-use crate::model::{IntakeKey, Job, OutboxRow, REQUESTED};
+use crate::model::{Horizons, IntakeKey, Job, Kind, OutboxRow, REQUESTED};
 use crate::report::{CheckReport, Violation};
 
 pub const INTAKE_ONCE: &str = "intake_once";
@@ -15,7 +15,8 @@ pub const INTAKE_ONCE: &str = "intake_once";
 ///
 /// A 409 that wrote would show as a job no key points to (the loser's job),
 /// or as a key whose job holds the conflicting parameters.
-pub fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow]) -> CheckReport {
+pub fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow], horizons: &Horizons) -> CheckReport {
+    let mut below = 0;
     let by_id: HashMap<&str, &Job> = jobs.iter().map(|j| (j.job_id.as_str(), j)).collect();
     let mut keys_of: HashMap<&str, Vec<&IntakeKey>> = HashMap::new();
     let mut violations = Vec::new();
@@ -30,6 +31,8 @@ pub fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow]) -> Ch
     for job in jobs {
         match keys_of.get(job.job_id.as_str()).map_or(0, Vec::len) {
             1 => {}
+            // Its key was accepted with the job: a prune removed it.
+            0 if horizons.below(Kind::IntakeKeys, job.created_at_ms) => below += 1,
             0 => violations
                 .push(Violation::new("job_without_intent", format!("job {} of {} was created by no intake key", job.job_id, job.caller))),
             n => violations.push(Violation::new("shared_job", format!("job {} is the job of {n} intake keys", job.job_id))),
@@ -45,9 +48,10 @@ pub fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow]) -> Ch
     CheckReport::new(
         INTAKE_ONCE,
         "1: one job per intake key, with the parameters it was accepted with",
-        keys.len() + jobs.len(),
+        keys.len() + jobs.len() - below,
         violations,
     )
+    .with_note(super::below_note(below, Kind::IntakeKeys))
 }
 
 fn describe(key: &IntakeKey) -> String {
@@ -79,6 +83,10 @@ fn fingerprint(job: &Job) -> Result<String, String> {
 mod tests {
     use super::*;
 
+    fn intake_once(keys: &[IntakeKey], jobs: &[Job], outbox: &[OutboxRow]) -> CheckReport {
+        super::intake_once(keys, jobs, outbox, &Horizons::default())
+    }
+
     fn job(id: &str, query: &str) -> Job {
         Job {
             job_id: id.into(),
@@ -87,6 +95,8 @@ mod tests {
             result_id: None,
             format: "csv".into(),
             query: query.into(),
+            created_at_ms: 0,
+            completed_at_ms: None,
         }
     }
 
@@ -106,6 +116,7 @@ mod tests {
             topic: "commands".into(),
             partition_key: job.into(),
             status: "delivered".into(),
+            event_time_ms: 0,
         }
     }
 

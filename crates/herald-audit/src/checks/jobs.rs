@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use crate::model::{COMPLETED, DELETED, DbEvidence, JOB_DELETED, SUCCEEDED, SearchDocument};
+use crate::model::{COMPLETED, DELETED, DbEvidence, JOB_DELETED, Kind, SUCCEEDED, SearchDocument};
 use crate::report::{CheckReport, Violation};
 
 pub const SEARCH_MATCHES_JOBS: &str = "search_matches_jobs";
@@ -95,7 +95,7 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
     let registered: HashSet<(&str, &str)> = db.artifacts.iter().map(|a| (a.result_id.as_str(), a.job_id.as_str())).collect();
     let deleted = deleted_jobs(db);
     let mut violations = Vec::new();
-    let mut checked = 0;
+    let (mut checked, mut below) = (0, 0);
     for job in &db.jobs {
         let id = job.job_id.as_str();
         let n = completions.get(id).copied().unwrap_or(0);
@@ -106,6 +106,12 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
                     format!("job {id} is {} but has {n} completion event(s)", job.status),
                 ));
             }
+            continue;
+        }
+        // Its completion row was dated after the job completed: above the
+        // horizon it cannot have been pruned.
+        if n == 0 && job.completed_at_ms.is_none_or(|at| db.horizons.below(Kind::Outbox, at)) && db.horizons.outbox.is_some() {
+            below += 1;
             continue;
         }
         checked += 1;
@@ -134,7 +140,11 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
     for (id, n) in completions.iter().filter(|(id, _)| !known.contains(**id)) {
         violations.push(Violation::new("completion_without_job", format!("{n} completion event(s) for unknown job {id}")));
     }
-    let note = stored.is_none().then(|| "no artifact location given: selected results were not looked up in the store".to_owned());
+    let mut notes: Vec<String> = super::below_note(below, Kind::Outbox).into_iter().collect();
+    if stored.is_none() {
+        notes.push("no artifact location given: selected results were not looked up in the store".to_owned());
+    }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     CheckReport::new(JOB_COMPLETION, "4: succeeded job = one completion event + one selected, existing artifact", checked, violations)
         .with_note(note)
 }
@@ -146,7 +156,16 @@ mod tests {
 
     fn job(id: &str, status: &str) -> Job {
         let result_id = (status == SUCCEEDED).then(|| format!("r-{id}"));
-        Job { job_id: id.into(), caller: "alice".into(), status: status.into(), result_id, format: "csv".into(), query: "q".into() }
+        Job {
+            job_id: id.into(),
+            caller: "alice".into(),
+            status: status.into(),
+            result_id,
+            format: "csv".into(),
+            query: "q".into(),
+            created_at_ms: 0,
+            completed_at_ms: Some(0),
+        }
     }
 
     fn event(id: &str, event_type: &str, job: &str) -> OutboxRow {
@@ -160,6 +179,7 @@ mod tests {
             topic: "events".into(),
             partition_key: job.into(),
             status: "delivered".into(),
+            event_time_ms: 0,
         }
     }
 

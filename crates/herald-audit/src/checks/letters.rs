@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::canonical;
-use crate::model::{COMPLETION_SUBSCRIPTIONS, DeadLetter, InboxRow};
+use crate::model::{COMPLETION_SUBSCRIPTIONS, DeadLetter, Horizons, InboxRow, Kind};
 use crate::report::{CheckReport, Violation};
 
 pub const DEAD_LETTERS_SETTLED: &str = "dead_letters_settled";
@@ -27,7 +27,8 @@ type Position<'a> = (&'a str, &'a str, i32, i64);
 /// letter still says `dead` is an effect applied behind the letter's back
 /// (a redrive that did not mark it, or a mark undone). Every redriven letter
 /// with an identity has exactly one inbox row for its fact.
-pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> CheckReport {
+pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow], horizons: &Horizons) -> CheckReport {
+    let mut below = 0;
     let unapplied: HashMap<Position<'_>, (i64, &str)> = letters
         .iter()
         .filter(|l| l.status == DEAD || l.status == DISCARDED)
@@ -55,13 +56,22 @@ pub fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> Check
                 format!("dead letter {} ({}) keeps neither value nor headers: nothing left to redrive", letter.id, letter.subscription),
             )),
             DEAD | DISCARDED => {}
+            // Its inbox row was written by the redrive, after the letter:
+            // a letter from before the horizon may have lost it to a prune.
+            REDRIVEN if horizons.below(Kind::Inbox, letter.created_at_ms) => below += 1,
             REDRIVEN => violations.extend(redriven_once(letter, &facts)),
             other => violations
                 .push(Violation::new("unknown_letter_status", format!("dead letter {} ({}) is `{other}`", letter.id, letter.subscription))),
         }
     }
     let note = (!letters.is_empty()).then(|| {
-        "export-workers letters are checked for their state only; a redriven command's single completion is job_completion's".to_owned()
+        let mut note =
+            "export-workers letters are checked for their state only; a redriven command's single completion is job_completion's"
+                .to_owned();
+        if let Some(below) = super::below_note(below, Kind::Inbox) {
+            note = format!("{note}; {below}");
+        }
+        note
     });
     CheckReport::new(DEAD_LETTERS_SETTLED, INVARIANT, letters.len() + inbox.len(), violations).with_note(note)
 }
@@ -86,6 +96,10 @@ fn redriven_once(letter: &DeadLetter, facts: &HashMap<(&str, &str, &str), usize>
 mod tests {
     use super::*;
 
+    fn dead_letters_settled(letters: &[DeadLetter], inbox: &[InboxRow]) -> CheckReport {
+        super::dead_letters_settled(letters, inbox, &Horizons::default())
+    }
+
     fn letter(id: i64, offset: i64, status: &str, event: Option<&str>) -> DeadLetter {
         DeadLetter {
             id,
@@ -97,6 +111,7 @@ mod tests {
             offset,
             status: status.into(),
             holds_record: true,
+            created_at_ms: 0,
         }
     }
 

@@ -4,10 +4,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::canonical;
-use crate::model::{Completion, InboxRow, Intent, NOTIFY, SENT};
+use crate::model::{Completion, Horizons, InboxRow, Intent, Job, Kind, NOTIFY, SENT};
+use crate::report::{CheckReport, Violation};
 
 const UNKNOWN: &str = "unknown";
-use crate::report::{CheckReport, Violation};
 
 pub const INTENTS_ONCE: &str = "intents_once";
 pub const NOTIFY_EFFECTS: &str = "notify_effects";
@@ -17,7 +17,14 @@ const INVARIANT: &str = "9: provider effects = sent intents, one effect per key"
 /// recipient (the caller who asked for the export), counting a legacy alias
 /// of the source as the same fact; every intent notifies of a known
 /// completion, and to its recipient.
-pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[Intent]) -> CheckReport {
+pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[Intent], jobs: &[Job], horizons: &Horizons) -> CheckReport {
+    let completed: HashMap<&str, Option<i64>> = jobs.iter().map(|j| (j.job_id.as_str(), j.completed_at_ms)).collect();
+    // The completion row of a job that completed before the outbox horizon
+    // may be pruned while its intent, not yet settled, stays.
+    let completion_pruned = |job_id: &str| {
+        horizons.outbox.is_some() && completed.get(job_id).copied().flatten().is_none_or(|at| horizons.below(Kind::Outbox, at))
+    };
+    let mut below = 0;
     let applied: HashSet<(&str, &str)> =
         inbox.iter().filter(|r| r.subscription == NOTIFY).map(|r| (canonical(&r.source), r.event_id.as_str())).collect();
     let by_fact: HashMap<(&str, &str), &Completion> =
@@ -28,6 +35,7 @@ pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[I
         let fact = (canonical(&intent.source), intent.event_id.as_str());
         per_recipient.entry((fact.0, fact.1, intent.recipient.as_str())).or_default().push(&intent.key);
         match by_fact.get(&fact) {
+            None if completion_pruned(&intent.job_id) => below += 1,
             None => violations.push(Violation::new(
                 "intent_without_completion",
                 format!("intent {} notifies of {} {}, which is no completion in the outbox", intent.key, intent.source, intent.event_id),
@@ -41,6 +49,11 @@ pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[I
     }
     let mut checked = intents.len();
     for c in completions.iter().filter(|c| applied.contains(&(canonical(&c.source), c.event_id.as_str()))) {
+        // Its intent is dated after the event: above the horizon it stays.
+        if horizons.below(Kind::Intents, c.event_time_ms) {
+            below += 1;
+            continue;
+        }
         checked += 1;
         let keys = per_recipient.get(&(canonical(&c.source), c.event_id.as_str(), c.caller.as_str())).map_or(&[][..], Vec::as_slice);
         let what = format!("completion {} {} (job {}) for {}: {} intent(s) {keys:?}", c.source, c.event_id, c.job_id, c.caller, keys.len());
@@ -51,13 +64,14 @@ pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[I
         }
     }
     CheckReport::new(INTENTS_ONCE, "9: one intent per (completion, recipient)", checked, violations)
+        .with_note(super::below_note(below, Kind::Intents))
 }
 
 /// `effects`: effects per idempotency key as the provider recorded them.
 /// A `sent` intent has exactly one effect; an `unknown` one at most one —
 /// whether the provider executed it is what nobody knew, so either count is
 /// honest, but a second is a duplicate; any other status none.
-pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>>) -> CheckReport {
+pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>>, horizons: &Horizons) -> CheckReport {
     let Some(effects) = effects else {
         return CheckReport::skipped(NOTIFY_EFFECTS, INVARIANT, "no provider URL given");
     };
@@ -82,11 +96,26 @@ pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>
         }
     }
     let known: HashSet<&str> = intents.iter().map(|i| i.key.as_str()).collect();
+    let mut pruned = 0;
     for (key, n) in effects.iter().filter(|(key, _)| !known.contains(key.as_str())) {
-        violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has")));
+        match n {
+            // One effect under a key no intent holds any more: a settled
+            // intent a prune removed, as far as the provider can tell.
+            1 if horizons.intents.is_some() && !key.is_empty() => pruned += 1,
+            n if *n > 1 && horizons.intents.is_some() && !key.is_empty() => {
+                violations.push(Violation::new("duplicate_effect", format!("{n} effects under key {key:?}, whose intent is pruned")))
+            }
+            n => violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has"))),
+        }
     }
-    let note = (unknown > 0)
-        .then(|| format!("{unknown} intent(s) unknown, {unknown_executed} of them executed at the provider: `herald notify reconcile`"));
+    let mut notes = Vec::new();
+    if unknown > 0 {
+        notes.push(format!("{unknown} intent(s) unknown, {unknown_executed} of them executed at the provider: `herald notify reconcile`"));
+    }
+    if pruned > 0 {
+        notes.push(format!("{pruned} key(s) with one effect and no intent: settled intents below the intents prune horizon"));
+    }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
     CheckReport::new(NOTIFY_EFFECTS, INVARIANT, intents.len() + effects.len(), violations).with_note(note)
 }
 
@@ -99,8 +128,23 @@ pub fn duplicates(effects: &BTreeMap<String, i64>) -> i64 {
 mod tests {
     use super::*;
 
+    fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[Intent]) -> CheckReport {
+        super::intents_once(completions, inbox, intents, &[], &Horizons::default())
+    }
+
+    fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>>) -> CheckReport {
+        super::notify_effects(intents, effects, &Horizons::default())
+    }
+
     fn intent(key: &str, status: &str) -> Intent {
-        Intent { key: key.into(), status: status.into(), source: "/herald/exports".into(), event_id: key.into(), recipient: "alice".into() }
+        Intent {
+            key: key.into(),
+            status: status.into(),
+            source: "/herald/exports".into(),
+            event_id: key.into(),
+            recipient: "alice".into(),
+            job_id: format!("job-{key}"),
+        }
     }
 
     fn completion(id: &str) -> Completion {
@@ -112,6 +156,7 @@ mod tests {
             format: "csv".into(),
             completed_at_ms: 0,
             size_bytes: 1,
+            event_time_ms: 0,
         }
     }
 
@@ -184,5 +229,32 @@ mod tests {
         assert_eq!(report.count("duplicate_effect"), 1, "{:?}", report.violations);
         assert_eq!(duplicates(&effects), 1);
         assert!(!notify_effects(&intents, None).ran);
+    }
+
+    #[test]
+    fn below_the_horizons_pruned_intents_are_not_missing_but_duplicates_still_count() {
+        let mut horizons = Horizons::default();
+        horizons.set(Kind::Intents, 10);
+        let effects: BTreeMap<String, i64> = [("gone".to_owned(), 1), ("twice".to_owned(), 2)].into();
+        let report = super::notify_effects(&[], Some(&effects), &horizons);
+        assert_eq!(report.count("effect_without_intent"), 0, "{:?}", report.violations);
+        assert_eq!(report.count("duplicate_effect"), 1, "{:?}", report.violations);
+        assert_eq!(notify_effects(&[], Some(&effects)).count("effect_without_intent"), 2, "without a horizon both are named");
+
+        // An intent whose completion row was pruned: its job completed below the outbox horizon.
+        horizons.set(Kind::Outbox, 10);
+        let job = |at: i64| Job {
+            job_id: "job-k".into(),
+            caller: "alice".into(),
+            status: "succeeded".into(),
+            result_id: None,
+            format: "csv".into(),
+            query: "q".into(),
+            created_at_ms: 0,
+            completed_at_ms: Some(at),
+        };
+        let orphan = [intent("k", SENT)];
+        assert_eq!(super::intents_once(&[], &[], &orphan, &[job(5)], &horizons).count("intent_without_completion"), 0);
+        assert_eq!(super::intents_once(&[], &[], &orphan, &[job(15)], &horizons).count("intent_without_completion"), 1);
     }
 }

@@ -17,7 +17,7 @@ use sqlx::{PgConnection, Row};
 mod verify;
 mod write;
 
-pub use write::upsert_rows;
+pub use write::{prune_tombstones, upsert_rows};
 
 /// Subscription name, and so consumer group `herald.search`.
 pub const SUBSCRIPTION: &str = "search";

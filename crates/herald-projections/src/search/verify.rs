@@ -11,18 +11,27 @@ use sha2::{Digest, Sha256};
 use sqlx::Row;
 
 /// Document and tombstone counts and a checksum over (job_id, version,
-/// tombstone) in job order.
+/// tombstone) in job order. Tombstones below the prune horizon are left
+/// out: a prune may have removed them from one generation while a replay of
+/// retained records wrote them into the other, and either way they hide no
+/// document. Documents are all counted, so one a late record brought back
+/// still shows as a difference.
 pub(super) async fn fingerprint(tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
+    let horizons = herald_store::prune::horizons(tx).await?;
     let rows = sqlx::query("SELECT job_id, version, deleted_at_ms FROM search_documents WHERE generation = $1 ORDER BY job_id")
         .bind(generation)
         .fetch_all(&mut **tx)
         .await?;
     let mut hash = Sha256::new();
-    let mut tombstones = 0;
+    let (mut tombstones, mut counted) = (0, 0);
     for row in &rows {
         let job_id: String = row.try_get("job_id")?;
         let version: i64 = row.try_get("version")?;
         let deleted: Option<i64> = row.try_get("deleted_at_ms")?;
+        if deleted.is_some_and(|at| horizons.below(herald_store::prune::Kind::Tombstones, at)) {
+            continue;
+        }
+        counted += 1;
         tombstones += i64::from(deleted.is_some());
         hash.update(job_id.as_bytes());
         hash.update([0]);
@@ -30,7 +39,7 @@ pub(super) async fn fingerprint(tx: &mut Tx<'_>, generation: i64) -> Result<Fing
         hash.update([u8::from(deleted.is_some())]);
     }
     let checksum = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Fingerprint { rows: rows.len() as i64 - tombstones, other: tombstones, checksum })
+    Ok(Fingerprint { rows: counted - tombstones, other: tombstones, checksum })
 }
 
 /// A row of the generation as the check needs it.

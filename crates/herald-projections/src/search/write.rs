@@ -68,6 +68,22 @@ async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], ups
     Ok(())
 }
 
+/// Up to `limit` tombstones, of any generation, of deletes before
+/// `before_ms`. The caller has made sure nothing retained can still bring
+/// their documents back (the retention floor): a tombstone is only there to
+/// outvote an older `completed` delivered late.
+pub async fn prune_tombstones(db: &herald_store::Db, before_ms: i64, limit: i64) -> Result<herald_store::prune::Batch, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM search_documents WHERE (generation, job_id) IN \
+         (SELECT generation, job_id FROM search_documents WHERE deleted_at_ms < $1 LIMIT $2)",
+    )
+    .bind(before_ms)
+    .bind(limit)
+    .execute(db.pool())
+    .await?;
+    Ok(herald_store::prune::Batch::limited(done.rows_affected(), limit))
+}
+
 const GUARD: &str = " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, format = excluded.format, \
      query = excluded.query, result_id = excluded.result_id, size_bytes = excluded.size_bytes, \
      completed_at_ms = excluded.completed_at_ms, version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \

@@ -8,9 +8,11 @@
 //!   subscription and the raw batched insert in the same run.
 //! - `search`: search latency over 1M documents, the relay beside a search flood.
 //! - `status`: one status refresh over 10M outbox rows.
+//! - `prune`: the relay and the search subscription beside a prune of a million rows.
 //! - [`workload`]: the records they (and tests) publish.
 
 pub mod consume;
+mod prune;
 pub mod rebuild;
 mod relay;
 mod search;
@@ -41,6 +43,8 @@ pub enum BenchCommand {
     Search(search::SearchBenchArgs),
     /// One status refresh over 10M outbox rows and 1M intents, per part.
     Status(status::StatusBenchArgs),
+    /// The relay's and the search subscription's rates during a prune of a million rows, vs quiet.
+    Prune(prune::PruneBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -50,5 +54,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Rebuild(args) => rebuild::run(args).await,
         BenchCommand::Search(args) => search::run(args).await,
         BenchCommand::Status(args) => status::run(args).await,
+        BenchCommand::Prune(args) => prune::run(args).await,
     }
 }

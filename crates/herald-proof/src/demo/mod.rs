@@ -143,6 +143,7 @@ async fn audit(wiring: &herald_wiring::pipeline::Wiring, provider_url: &str) -> 
         artifacts: Some(herald_export::artifact::ArtifactStore::from_location(&wiring.artifacts)?),
         provider_url: Some(provider_url.to_owned()),
         kafka_timeout: Duration::from_secs(60),
+        clock_skew: herald_audit::DEFAULT_CLOCK_SKEW,
     };
     Ok(herald_audit::audit(&sources).await?.0)
 }

@@ -187,6 +187,7 @@ async fn drill(
         artifacts: Some(ArtifactStore::from_location(&artifacts.display().to_string())?),
         provider_url: Some(sim.clone()),
         kafka_timeout: Duration::from_secs(120),
+        clock_skew: herald_audit::DEFAULT_CLOCK_SKEW,
     };
     let audited = herald_audit::audit(&sources).await;
     let (audit, evidence) = audited?;

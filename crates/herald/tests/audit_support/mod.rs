@@ -34,9 +34,15 @@ pub struct Ran {
 impl Ran {
     /// `herald audit --json` with every source: its exit code and report.
     pub fn audit(&self) -> anyhow::Result<(Option<i32>, Value)> {
+        self.audit_with(&[])
+    }
+
+    /// [`Ran::audit`] with more arguments.
+    pub fn audit_with(&self, extra: &[&str]) -> anyhow::Result<(Option<i32>, Value)> {
         let out = Command::new(env!("CARGO_BIN_EXE_herald"))
             .args(["audit", "--json", "--database", &self.url, "--kafka", &self.brokers, "--topic-prefix", &self.prefix])
             .args(["--artifacts", &self.artifacts, "--notify-url", &self.provider])
+            .args(extra)
             .env_remove("HERALD_DATABASE_URL")
             .output()?;
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -106,6 +112,9 @@ pub async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
 pub struct Pipeline {
     pub db: Db,
     pub topics: Topics,
+    /// Consumer groups are `<group_prefix>.<subscription>` (for rebuilds).
+    #[allow(dead_code)]
+    pub group_prefix: String,
     pub provider: String,
     sim_stop: CancellationToken,
     running: Running,
@@ -119,11 +128,12 @@ impl Pipeline {
         let sim_stop = CancellationToken::new();
         let config = SimConfig::keyed(Duration::from_secs(3600));
         tokio::spawn(sim::serve(listener, Ledger::open(ledger).await?, config, FaultSwitches::default(), sim_stop.clone()));
+        let group_prefix = unique("herald");
         let wiring = Wiring {
             db: db.clone(),
             kafka: KafkaConfig::new(brokers),
             topics: topics.clone(),
-            group_prefix: unique("herald"),
+            group_prefix: group_prefix.clone(),
             artifacts: artifacts.to_owned(),
             tokens: Tokens::single("t", CALLER),
         };
@@ -136,7 +146,7 @@ impl Pipeline {
         };
         let roles = Roles { api: None, relay: true, worker: true, subscriptions: true, dispatcher: true };
         let running = pipeline::start_roles(wiring, roles, RoleOptions { dispatch: Some(dispatch), ..RoleOptions::default() }).await?;
-        Ok(Pipeline { db, topics: topics.clone(), provider, sim_stop, running })
+        Ok(Pipeline { db, topics: topics.clone(), group_prefix, provider, sim_stop, running })
     }
 
     /// Submits one export per query (csv and json in turn), key `k<i>`.

@@ -1,0 +1,29 @@
+//! `herald bench prune` end to end on a small scale, so the command
+//! BENCHMARKS.md reruns keeps working: both prunes must remove every old row
+//! the fill wrote (the bench fails otherwise), and the JSON carries the
+//! figures the section quotes.
+
+use std::process::Command;
+
+#[test]
+fn the_prune_benchmark_runs_and_reports_its_figures() -> anyhow::Result<()> {
+    let server = std::env::var(herald_testkit::DATABASE_URL_ENV)?;
+    let out = Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["bench", "prune", "--rows", "5000", "--events", "2000", "--json", "--database", &server])
+        .env("HERALD_LOG", "error")
+        .output()?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(figures["rows_per_prune"].as_u64(), Some(10_000), "{figures}");
+    for key in [
+        "relay_quiet_eps",
+        "relay_during_prune_eps",
+        "relay_during_vs_quiet",
+        "consume_quiet_eps",
+        "consume_during_prune_eps",
+        "consume_during_vs_quiet",
+    ] {
+        assert!(figures[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {figures}");
+    }
+    Ok(())
+}
