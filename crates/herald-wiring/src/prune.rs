@@ -28,11 +28,20 @@ pub struct PruneOptions {
     /// prune to about a third of one connection's time (BENCHMARKS.md,
     /// "Prune": at 1.0 the search subscription kept 0.78 of its rate).
     pub idle_ratio: f64,
+    /// Inbox rows of this subscription only (`herald inbox cleanup
+    /// --subscription`); every subscription's when `None`.
+    pub inbox_of: Option<String>,
 }
 
 impl Default for PruneOptions {
     fn default() -> Self {
-        PruneOptions { retention: Duration::from_secs(30 * 86_400), kinds: Kind::ALL.to_vec(), batch: 1000, idle_ratio: 2.0 }
+        PruneOptions {
+            retention: Duration::from_secs(30 * 86_400),
+            kinds: Kind::ALL.to_vec(),
+            batch: 1000,
+            idle_ratio: 2.0,
+            inbox_of: None,
+        }
     }
 }
 
@@ -81,7 +90,7 @@ async fn prune_kind(
             return Ok((removed, false));
         }
         let started = Instant::now();
-        let batch = one_batch(db, kind, before_ms, at, options.batch).await?;
+        let batch = one_batch(db, kind, before_ms, at, options).await?;
         removed += batch.removed;
         next = batch.next;
         let rest = started.elapsed().mul_f64(options.idle_ratio.max(0.0));
@@ -93,10 +102,11 @@ async fn prune_kind(
     Ok((removed, true))
 }
 
-async fn one_batch(db: &Db, kind: Kind, before_ms: i64, at: i64, limit: i64) -> Result<Batch, herald_store::StoreError> {
+async fn one_batch(db: &Db, kind: Kind, before_ms: i64, at: i64, options: &PruneOptions) -> Result<Batch, herald_store::StoreError> {
+    let limit = options.batch;
     match kind {
         Kind::Outbox => prune::outbox(db, before_ms, at, limit).await,
-        Kind::Inbox => prune::inbox(db, before_ms, None, limit).await,
+        Kind::Inbox => prune::inbox(db, before_ms, options.inbox_of.as_deref(), limit).await,
         Kind::Intents => herald_notify::intents::prune(db, before_ms, limit).await,
         Kind::DeadLetters => prune::dead_letters(db, before_ms, limit).await,
         Kind::Tombstones => herald_projections::search::prune_tombstones(db, before_ms, limit).await,

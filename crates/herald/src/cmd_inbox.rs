@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 use herald_kafka::Topics;
-use herald_store::prune::{self, Kind};
+use herald_store::prune::Kind;
+use herald_wiring::prune::{PruneOptions, prune};
 use herald_wiring::retention::{self, TopicRetention};
+use tokio_util::sync::CancellationToken;
 
 use crate::subscriptions::Name;
 
@@ -63,18 +65,17 @@ pub async fn run(args: InboxArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let db = args.database.open("herald inbox", true).await?;
-    let before = prune::db_now_ms(&db).await? - i64::from(older_than_days) * 86_400_000;
-    // The audit checks inbox rows only above this horizon from now on.
-    prune::raise(&db, Kind::Inbox, before).await?;
-    let mut deleted = 0;
-    loop {
-        let batch = prune::inbox(&db, before, subscription.map(Name::as_str), 1000).await?;
-        deleted += batch.removed;
-        if batch.next.is_none() {
-            break;
-        }
-    }
-    prune::count_removed(&db, Kind::Inbox, deleted).await?;
+    // The same pass as `herald prune --only inbox`: the inbox horizon is
+    // raised first, so the audit checks inbox rows only above it from now on.
+    let options = PruneOptions {
+        retention: day(older_than_days),
+        kinds: vec![Kind::Inbox],
+        idle_ratio: 0.0,
+        inbox_of: subscription.map(|s| s.as_str().to_owned()),
+        ..PruneOptions::default()
+    };
+    let pruned = prune(&db, &options, &CancellationToken::new()).await?;
+    let deleted = pruned.removed.get(&Kind::Inbox).copied().unwrap_or(0);
     println!("deleted {deleted} inbox row(s) processed more than {older_than_days} day(s) ago");
     Ok(ExitCode::SUCCESS)
 }

@@ -69,6 +69,7 @@ impl PrunePace {
             kinds: if kinds.is_empty() { Kind::ALL.to_vec() } else { kinds },
             batch: self.prune_batch,
             idle_ratio: self.prune_idle_ratio,
+            inbox_of: None,
         }
     }
 

@@ -131,3 +131,23 @@ async fn prune_then_audit_and_rebuild_are_clean_sqlite_mock_cluster() -> anyhow:
     let kafka = EmbeddedKafka::start(1, &topics.all(), 3)?;
     prune_then_audit_and_rebuild(&test_db.url, kafka.bootstrap_servers(), &topics, &prefix).await
 }
+
+/// `serve`'s schedule checks the same floor at start: the embedded mock
+/// cluster cannot say how long it keeps records, so any retention is
+/// refused (exit 2) before a role starts, naming the flag and `--force`.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_refuses_a_prune_schedule_below_the_floor() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut serve = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    serve
+        .args(["serve", "--listen", "127.0.0.1:0", "--prune-older-than-days", "30"])
+        .current_dir(dir.path())
+        .env_remove("HERALD_DATABASE_URL")
+        .env_remove("HERALD_KAFKA_BROKERS")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(std::time::Duration::from_secs(60), serve.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--prune-older-than-days") && stderr.contains("--force"), "{stderr}");
+    Ok(())
+}

@@ -110,7 +110,7 @@ pub fn job_completion(db: &DbEvidence, stored: Option<&BTreeSet<String>>) -> Che
         }
         // Its completion row was dated after the job completed: above the
         // horizon it cannot have been pruned.
-        if n == 0 && job.completed_at_ms.is_none_or(|at| db.horizons.below(Kind::Outbox, at)) && db.horizons.outbox.is_some() {
+        if n == 0 && db.horizons.may_be_pruned(Kind::Outbox, job.completed_at_ms) {
             below += 1;
             continue;
         }

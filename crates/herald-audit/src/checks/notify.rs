@@ -21,9 +21,7 @@ pub fn intents_once(completions: &[Completion], inbox: &[InboxRow], intents: &[I
     let completed: HashMap<&str, Option<i64>> = jobs.iter().map(|j| (j.job_id.as_str(), j.completed_at_ms)).collect();
     // The completion row of a job that completed before the outbox horizon
     // may be pruned while its intent, not yet settled, stays.
-    let completion_pruned = |job_id: &str| {
-        horizons.outbox.is_some() && completed.get(job_id).copied().flatten().is_none_or(|at| horizons.below(Kind::Outbox, at))
-    };
+    let completion_pruned = |job_id: &str| horizons.may_be_pruned(Kind::Outbox, completed.get(job_id).copied().flatten());
     let mut below = 0;
     let applied: HashSet<(&str, &str)> =
         inbox.iter().filter(|r| r.subscription == NOTIFY).map(|r| (canonical(&r.source), r.event_id.as_str())).collect();
@@ -101,8 +99,8 @@ pub fn notify_effects(intents: &[Intent], effects: Option<&BTreeMap<String, i64>
         match n {
             // One effect under a key no intent holds any more: a settled
             // intent a prune removed, as far as the provider can tell.
-            1 if horizons.intents.is_some() && !key.is_empty() => pruned += 1,
-            n if *n > 1 && horizons.intents.is_some() && !key.is_empty() => {
+            1 if horizons.get(Kind::Intents).is_some() && !key.is_empty() => pruned += 1,
+            n if *n > 1 && horizons.get(Kind::Intents).is_some() && !key.is_empty() => {
                 violations.push(Violation::new("duplicate_effect", format!("{n} effects under key {key:?}, whose intent is pruned")))
             }
             n => violations.push(Violation::new("effect_without_intent", format!("{n} effect(s) under key {key:?}, which no intent has"))),

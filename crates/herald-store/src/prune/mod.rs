@@ -67,22 +67,16 @@ impl Kind {
 
 /// Every kind's horizon: rows dated below it may be gone. `None`: never pruned.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Horizons {
-    pub outbox: Option<i64>,
-    pub inbox: Option<i64>,
-    pub intents: Option<i64>,
-    pub dead_letters: Option<i64>,
-    pub tombstones: Option<i64>,
-    pub intake_keys: Option<i64>,
-}
+pub struct Horizons([Option<i64>; Kind::ALL.len()]);
 
 impl Horizons {
     pub fn get(&self, kind: Kind) -> Option<i64> {
-        *self.slot(kind)
+        self.0[kind as usize]
     }
 
+    /// Raises `kind`'s horizon to `horizon_ms` (never lowers it).
     pub fn set(&mut self, kind: Kind, horizon_ms: i64) {
-        let slot = self.slot_mut(kind);
+        let slot = &mut self.0[kind as usize];
         *slot = Some(slot.map_or(horizon_ms, |h| h.max(horizon_ms)));
     }
 
@@ -91,30 +85,10 @@ impl Horizons {
         self.get(kind).is_some_and(|h| at_ms < h)
     }
 
-    pub fn is_empty(&self) -> bool {
-        Kind::ALL.iter().all(|k| self.get(*k).is_none())
-    }
-
-    fn slot(&self, kind: Kind) -> &Option<i64> {
-        match kind {
-            Kind::Outbox => &self.outbox,
-            Kind::Inbox => &self.inbox,
-            Kind::Intents => &self.intents,
-            Kind::DeadLetters => &self.dead_letters,
-            Kind::Tombstones => &self.tombstones,
-            Kind::IntakeKeys => &self.intake_keys,
-        }
-    }
-
-    fn slot_mut(&mut self, kind: Kind) -> &mut Option<i64> {
-        match kind {
-            Kind::Outbox => &mut self.outbox,
-            Kind::Inbox => &mut self.inbox,
-            Kind::Intents => &mut self.intents,
-            Kind::DeadLetters => &mut self.dead_letters,
-            Kind::Tombstones => &mut self.tombstones,
-            Kind::IntakeKeys => &mut self.intake_keys,
-        }
+    /// [`Horizons::below`] for a date that may be unknown: once `kind` was
+    /// pruned at all, an undated row may have been among what went.
+    pub fn may_be_pruned(&self, kind: Kind, at_ms: Option<i64>) -> bool {
+        self.get(kind).is_some() && at_ms.is_none_or(|at| self.below(kind, at))
     }
 }
 
