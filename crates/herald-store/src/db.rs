@@ -95,19 +95,42 @@ impl Db {
         Ok(Db { pool, backend: self.backend, url: self.url.clone() })
     }
 
-    /// Connects and applies every pending migration of the backend.
+    /// Connects and applies every pending migration of the backend: for
+    /// `herald migrate`, the embedded default and scratch databases.
     pub async fn connect_and_migrate(url: &str) -> Result<Db, StoreError> {
         let db = Db::connect(url).await?;
         db.migrate().await?;
         Ok(db)
     }
 
+    /// Connects and checks that this binary runs on the schema it finds
+    /// ([`crate::schema::check`]): what every role does at start.
+    pub async fn connect_checked(url: &str) -> Result<Db, StoreError> {
+        let db = Db::connect(url).await?;
+        crate::schema::check(&db).await?;
+        Ok(db)
+    }
+
+    /// Applies every migration of this binary not applied yet. A schema a
+    /// later release migrated is left alone: this binary cannot know what
+    /// its migrations were, and applying its own would be out of order.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migrator = match self.backend {
+        let found = crate::schema::found(self).await?;
+        let knows = crate::schema::newest_known(self);
+        if let Some(applied) = found.applied.filter(|applied| *applied > knows) {
+            return Err(StoreError::Config(format!(
+                "the database schema is at version {applied}, newer than this herald's {knows}: nothing applied (migrate with the newer release)"
+            )));
+        }
+        self.migrator().run(&self.pool).await.map_err(|e| StoreError::Config(format!("migration failed: {e}")))
+    }
+
+    /// The migrations this binary ships for its backend.
+    pub fn migrator(&self) -> &'static sqlx::migrate::Migrator {
+        match self.backend {
             Backend::Postgres => &POSTGRES_MIGRATIONS,
             Backend::Sqlite => &SQLITE_MIGRATIONS,
-        };
-        migrator.run(&self.pool).await.map_err(|e| StoreError::Config(format!("migration failed: {e}")))
+        }
     }
 
     pub fn pool(&self) -> &AnyPool {

@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod parked;
 pub mod positions;
 pub mod prune;
+pub mod schema;
 pub mod start_positions;
 
 pub use db::{Backend, Db, now_ms};

@@ -12,7 +12,7 @@ use herald_secret::{Secret, SecretUrl};
 use tempfile::TempDir;
 use tracing::info;
 
-use crate::connection::{BadConnection, DatabaseArgs, KafkaArgs, open_database};
+use crate::connection::{BadConnection, DatabaseArgs, KafkaArgs, Schema, open_database};
 use crate::pipeline::Wiring;
 
 /// Where a role runs. Without `--database` it is embedded SQLite, without
@@ -93,11 +93,12 @@ impl Environment {
 impl Backends {
     pub async fn resolve(&self) -> anyhow::Result<Environment> {
         let data_dir = tempfile::Builder::new().prefix("herald-").tempdir()?;
-        let database = match &self.database.url {
-            Some(url) => url.clone(),
-            None => SecretUrl::new(format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display())),
+        // The embedded default is this process's alone: it migrates itself.
+        let (database, schema) = match &self.database.url {
+            Some(url) => (url.clone(), Schema::Check),
+            None => (SecretUrl::new(format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display())), Schema::Migrate),
         };
-        let db = open_database(&database, true).await?;
+        let db = open_database(&database, schema).await?;
         let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
         let (kafka, embedded) = match self.kafka.connect().await? {
             Some(kafka) => {

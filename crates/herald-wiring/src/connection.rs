@@ -41,16 +41,32 @@ impl DatabaseArgs {
         self.url.as_ref().ok_or_else(|| BadConnection(format!("`{command}` needs --database (or HERALD_DATABASE_URL)")))
     }
 
-    /// Opens the database `command` needs, migrating it when `migrate`.
-    pub async fn open(&self, command: &str, migrate: bool) -> anyhow::Result<Db> {
-        open_database(self.require(command)?, migrate).await
+    /// Opens the database `command` needs.
+    pub async fn open(&self, command: &str, schema: Schema) -> anyhow::Result<Db> {
+        open_database(self.require(command)?, schema).await
     }
 }
 
-/// Opens `url` (migrating when asked). A configuration the server refuses
-/// (TLS, an unknown scheme, a schema it cannot migrate) is [`BadConnection`].
-pub async fn open_database(url: &SecretUrl, migrate: bool) -> anyhow::Result<Db> {
-    let opened = if migrate { Db::connect_and_migrate(url.expose()).await } else { Db::connect(url.expose()).await };
+/// What a command does about the database schema when it opens it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Schema {
+    /// Apply this release's migrations: `herald migrate`, and the embedded
+    /// default that no other process shares.
+    Migrate,
+    /// Refuse a schema this release cannot run on (every role).
+    Check,
+    /// Neither: `herald migrate --dry-run`, which only looks.
+    AsIs,
+}
+
+/// Opens `url`. A configuration the server refuses (TLS, an unknown scheme,
+/// a schema this release cannot run on or migrate) is [`BadConnection`].
+pub async fn open_database(url: &SecretUrl, schema: Schema) -> anyhow::Result<Db> {
+    let opened = match schema {
+        Schema::Migrate => Db::connect_and_migrate(url.expose()).await,
+        Schema::Check => Db::connect_checked(url.expose()).await,
+        Schema::AsIs => Db::connect(url.expose()).await,
+    };
     opened.map_err(|e| match e {
         StoreError::Config(reason) => BadConnection(format!("database {url}: {reason}")).into(),
         other => anyhow::Error::new(other).context(format!("database {url}")),

@@ -50,8 +50,9 @@ pub async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    // Connect without migrating: an audit writes nothing.
-    let db = match Db::connect(database.expose()).await {
+    // Check without migrating: an audit writes nothing, and reads what this
+    // release knows.
+    let db = match Db::connect_checked(database.expose()).await {
         Ok(db) => db,
         Err(e) => {
             eprintln!("error: cannot audit: database {database}: {e}");

@@ -61,7 +61,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
                 eprintln!("error: --database (or HERALD_DATABASE_URL) is needed with --kafka");
                 return Ok(ExitCode::from(2));
             };
-            let db = crate::connection::open_database(url, true).await?;
+            let db = crate::connection::open_database(url, crate::connection::Schema::Check).await?;
             let topics = args.backends.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
             let kafka = args.backends.kafka.connect_to(brokers).await?;
             ensure_topics(&kafka, &topics, args.backends.topic.settings()).await;

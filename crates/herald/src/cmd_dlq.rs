@@ -110,7 +110,7 @@ pub struct WorkerArgs {
 
 pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
     let registry = args.sources.registry()?;
-    let db = args.database.open("herald dlq", true).await?;
+    let db = args.database.open("herald dlq", herald_wiring::connection::Schema::Check).await?;
     match args.command {
         DlqCommand::List { subscription, all, json } => list(&db, subscription, all, json).await,
         DlqCommand::Redrive { id: Some(id), worker, .. } => match dead_letter::get(&db, id).await? {

@@ -64,7 +64,7 @@ pub async fn run(args: InboxArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
-    let db = args.database.open("herald inbox", true).await?;
+    let db = args.database.open("herald inbox", herald_wiring::connection::Schema::Check).await?;
     // The same pass as `herald prune --only inbox`: the inbox horizon is
     // raised first, so the audit checks inbox rows only above it from now on.
     let options = PruneOptions {

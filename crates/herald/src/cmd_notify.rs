@@ -62,7 +62,7 @@ pub enum RedriveStatus {
 }
 
 pub async fn run(args: NotifyCmdArgs) -> anyhow::Result<ExitCode> {
-    let db = args.database.open("herald notify", true).await?;
+    let db = args.database.open("herald notify", herald_wiring::connection::Schema::Check).await?;
     match args.command {
         NotifyCommand::Reconcile { notify, mark_sent, resend, operator, json } => {
             let decision = mark_sent.map(|k| (k, Decision::MarkSent)).or(resend.map(|k| (k, Decision::Resend)));

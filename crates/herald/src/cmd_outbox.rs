@@ -40,7 +40,7 @@ pub enum OutboxCommand {
 }
 
 pub async fn run(args: OutboxArgs) -> anyhow::Result<ExitCode> {
-    let db = args.database.open("herald outbox", true).await?;
+    let db = args.database.open("herald outbox", herald_wiring::connection::Schema::Check).await?;
     match args.command {
         OutboxCommand::List { status, limit, json } => list(&db, &status, limit, json).await,
         OutboxCommand::Redrive { seqs, status } => {

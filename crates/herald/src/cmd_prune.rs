@@ -127,7 +127,7 @@ pub async fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     }
-    let db = args.database.open("herald prune", true).await?;
+    let db = args.database.open("herald prune", herald_wiring::connection::Schema::Check).await?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
     let stop = tokio::spawn(async move {

@@ -111,7 +111,7 @@ pub enum RebuildCommand {
 }
 
 pub async fn run(args: RebuildArgs) -> anyhow::Result<ExitCode> {
-    let db = args.on.database.open("herald rebuild", true).await?;
+    let db = args.on.database.open("herald rebuild", herald_wiring::connection::Schema::Check).await?;
     match &args.command {
         RebuildCommand::Status { json } => status(&db, *json).await,
         RebuildCommand::Switch { projection } => switch(&db, projection.as_str()).await,

@@ -42,7 +42,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let db = crate::connection::open_database(database, true).await?;
+    let db = crate::connection::open_database(database, crate::connection::Schema::Check).await?;
     let kafka = args.kafka.connect_to(brokers).await?;
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does

@@ -38,7 +38,7 @@ pub async fn run(args: SnapshotArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(2));
     };
     let SnapshotCommand::Search { out } = &args.command;
-    let db = crate::connection::open_database(url, true).await?;
+    let db = crate::connection::open_database(url, crate::connection::Schema::Check).await?;
     let kafka = args.on.kafka.connect_to(brokers).await?;
     let topics = args.on.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
     let group = format!("{}.search", args.on.group_prefix);

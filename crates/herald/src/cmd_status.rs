@@ -42,8 +42,8 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: `herald status` needs --database (or HERALD_DATABASE_URL)");
         return Ok(ExitCode::from(2));
     };
-    // Connect only: a status look must not migrate a database it was pointed at.
-    let db = crate::connection::open_database(url, false).await?;
+    // Check only: a status look must not migrate a database it was pointed at.
+    let db = crate::connection::open_database(url, crate::connection::Schema::Check).await?;
     let names: Vec<&str> = Name::ALL.iter().map(|n| n.as_str()).collect();
     let probe = match &args.kafka.brokers {
         Some(brokers) => {

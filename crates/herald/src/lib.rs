@@ -7,9 +7,11 @@ pub use herald_proof::bench;
 pub use herald_wiring::{config, connection, pipeline, signals, subscriptions, topic_args};
 
 pub mod cmd_audit;
+pub mod cmd_config;
 pub mod cmd_consume;
 pub mod cmd_dlq;
 pub mod cmd_inbox;
+pub mod cmd_migrate;
 pub mod cmd_notify;
 pub mod cmd_outbox;
 pub mod cmd_provider_sim;
@@ -19,5 +21,6 @@ pub mod cmd_relay;
 pub mod cmd_schemas;
 pub mod cmd_snapshot;
 pub mod cmd_status;
+pub mod config_file;
 pub mod lifecycle_args;
 pub mod notify_args;

@@ -1,18 +1,21 @@
 //! `herald`: one binary, one subcommand per job.
 
+use herald::config_file::{self, ConfigFile, Resolved};
 use herald::lifecycle_args::LifecycleArgs;
 use herald::notify_args::{InvalidNotifyArgs, NotifyArgs};
 use herald::pipeline::Roles;
 use herald::{
-    bench, cmd_audit, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_prune, cmd_rebuild, cmd_relay,
-    cmd_status, config, pipeline,
+    bench, cmd_audit, cmd_config, cmd_consume, cmd_dlq, cmd_inbox, cmd_notify, cmd_outbox, cmd_provider_sim, cmd_prune, cmd_rebuild,
+    cmd_relay, cmd_status, config, pipeline,
 };
 use herald_notify::start::{self as notify_start, StartAt};
 use herald_proof::{demo, drill};
 
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -28,6 +31,9 @@ struct Cli {
     /// with the current span and its parents) for log collectors.
     #[arg(long, global = true, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// A `herald.toml` holding settings for every command (flag > environment > file > default).
+    #[arg(long, global = true, env = config_file::CONFIG_ENV)]
+    config: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -113,22 +119,16 @@ enum Command {
     Drill(drill::DrillArgs),
     /// Benchmarks.
     Bench(bench::BenchArgs),
-    /// Apply database migrations and exit.
-    Migrate {
-        #[command(flatten)]
-        database: herald::connection::DatabaseArgs,
-    },
+    /// The configuration file: `show` what a command would run with.
+    Config(cmd_config::ConfigArgs),
+    /// Apply this release's database migrations (the only command that changes the schema).
+    Migrate(herald::cmd_migrate::MigrateArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let usage = e.use_stderr();
-            let _ = e.print();
-            // clap uses 2 for usage errors; help and version are successes.
-            return if usage { ExitCode::from(2) } else { ExitCode::SUCCESS };
-        }
+    let (cli, file) = match parse_cli(std::env::args_os().collect()) {
+        Ok(parsed) => parsed,
+        Err(code) => return code,
     };
     // The demo's output is its report; roles that run for long log progress.
     let default_filter =
@@ -141,7 +141,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    match runtime.block_on(run(cli.command, file)) {
         Ok(code) => code,
         // An operator's decision, or flags that contradict each other: exit 2 like bad input.
         Err(e)
@@ -160,7 +160,31 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<ExitCode> {
+/// The command line with `herald.toml` (`--config`, `HERALD_CONFIG`) under
+/// it; a bad file or bad flags print their error and give the exit code.
+fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<ConfigFile>), ExitCode> {
+    let command = Cli::command();
+    let usage_error = |e: clap::Error| {
+        let usage = e.use_stderr();
+        let _ = e.print();
+        // clap uses 2 for usage errors; help and version are successes.
+        if usage { ExitCode::from(2) } else { ExitCode::SUCCESS }
+    };
+    let file_error = |e: config_file::ConfigError| {
+        eprintln!("error: {e}");
+        ExitCode::from(2)
+    };
+    let file = config_file::locate(&command, &argv).map(|path| ConfigFile::load(&path)).transpose().map_err(file_error)?;
+    let resolved = match &file {
+        Some(file) => config_file::resolve(&command, argv, file).map_err(file_error)?,
+        None => Resolved { argv, from_file: Default::default() },
+    };
+    let matches = config_file::parse(&command, &resolved, file.as_ref()).map_err(usage_error)?;
+    let cli = Cli::from_arg_matches(&matches).map_err(usage_error)?;
+    Ok((cli, file))
+}
+
+async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve { backends, listen, lifecycle, notify, notify_start_at, prune } => {
@@ -197,11 +221,8 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Audit(args) => cmd_audit::run(args).await,
         Command::Drill(args) => drill::run(args).await,
         Command::Bench(args) => bench::run(args).await,
-        Command::Migrate { database } => {
-            database.open("herald migrate", true).await?;
-            println!("migrations applied to {}", database.require("herald migrate")?);
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Config(args) => Ok(cmd_config::run(&Cli::command(), file.as_ref(), args)),
+        Command::Migrate(args) => herald::cmd_migrate::run(args).await,
     }
 }
 
@@ -292,3 +313,7 @@ async fn serve(
     running.until_stopped().await?;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+#[path = "main_config_tests.rs"]
+mod config_tests;

@@ -64,6 +64,8 @@ async fn assumed(args: &[&str]) -> anyhow::Result<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_undescribed_provider_is_assumed_cautious_and_the_startup_line_says_so() -> anyhow::Result<()> {
     let db = herald_testkit::sqlite_db()?;
+    // Roles check the schema and leave migrating to `herald migrate`.
+    herald_store::Db::connect_and_migrate(&db.url).await?.close().await;
     let line = assumed(&["dispatch", "--database", &db.url, "--notify-url", "http://127.0.0.1:9"]).await?;
     for field in ["honours_keys=false", "queryable=false", "server_errors_safe=false"] {
         assert!(line.contains(field), "{field} missing: {line}");
@@ -96,6 +98,8 @@ async fn serve_declares_its_embedded_simulator_keyed_and_queryable() -> anyhow::
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lease_a_call_could_outlive_is_bad_input() -> anyhow::Result<()> {
     let db = herald_testkit::sqlite_db()?;
+    // Roles check the schema and leave migrating to `herald migrate`.
+    herald_store::Db::connect_and_migrate(&db.url).await?.close().await;
     let args = ["dispatch", "--database", &db.url, "--notify-url", "http://127.0.0.1:9", "--notify-lease", "1s", "--notify-timeout", "1s"];
     let out = herald(&args).output().await?;
     assert_eq!(out.status.code(), Some(2));

@@ -13,6 +13,8 @@ use tokio::process::{Child, Command};
 /// it and the lines it printed up to the dashboard's.
 async fn api(extra: &[&str]) -> anyhow::Result<(Child, Vec<String>, herald_testkit::TestDb)> {
     let db = herald_testkit::sqlite_db()?;
+    // Roles check the schema and leave migrating to `herald migrate`.
+    herald_store::Db::connect_and_migrate(&db.url).await?.close().await;
     let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["api", "--listen", "127.0.0.1:0", "--database", &db.url, "--tokens", "alice-token:alice"])
         .args(extra)

@@ -261,6 +261,8 @@ async fn refused(
     ca: &Path,
 ) -> anyhow::Result<(Option<i32>, String)> {
     let test_db = postgres_db().await?;
+    // Roles check the schema and leave migrating to `herald migrate`.
+    herald_store::Db::connect_and_migrate(&test_db.url).await?.close().await;
     let mut flags = broker.flags(mechanism);
     let at = |flag: &str, flags: &[String]| flags.iter().position(|f| f == flag).map(|i| i + 1).unwrap_or_default();
     let password_at = at("--kafka-sasl-password", &flags);
@@ -367,6 +369,8 @@ async fn help_hides_the_values_of_secret_variables() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_malformed_token_entry_is_refused_without_being_echoed() -> anyhow::Result<()> {
     let db = herald_testkit::sqlite_db()?;
+    // Roles check the schema and leave migrating to `herald migrate`.
+    herald_store::Db::connect_and_migrate(&db.url).await?.close().await;
     let token = format!("s3cret-{}", uuid::Uuid::new_v4().simple());
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["api", "--listen", "127.0.0.1:0", "--database", &db.url, "--tokens", &format!("fine:alice,{token}")])
