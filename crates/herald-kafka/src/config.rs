@@ -128,7 +128,12 @@ impl KafkaConfig {
             // Low so a consumer that died without leaving frees its partitions soon.
             .set("session.timeout.ms", "6000")
             .set("heartbeat.interval.ms", "500")
-            .set("isolation.level", "read_committed");
+            .set("isolation.level", "read_committed")
+            // Prefetch bound: librdkafka's default (64 MB) is most of a
+            // subscription's memory while it drains a backlog; 16 MB is
+            // still dozens of batches ahead of the database (BENCHMARKS.md,
+            // "Memory").
+            .set("queued.max.messages.kbytes", "16384");
         config
     }
 

@@ -24,6 +24,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::memory::{self, Memory};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
 
@@ -50,6 +51,10 @@ pub struct ConsumeBenchArgs {
     /// Batches per lane received in one Kafka poll.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(2..=64))]
     pub batches_per_poll: u32,
+    /// Records a separate `herald consume search` process applies while its
+    /// resident memory is sampled (0: skip that measurement).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(0..=5_000_000))]
+    pub memory_events: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -80,6 +85,7 @@ struct Rates {
     raw_insert_eps: f64,
     consume_eps: f64,
     publish_eps: f64,
+    memory: Option<Memory>,
 }
 
 /// Runs every measurement `rounds` times, interleaved, on fresh records
@@ -91,11 +97,13 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
     let run_id = uuid::Uuid::now_v7().simple().to_string();
     let run_id = &run_id[24..];
     let rounds: Vec<Topics> = (0..args.rounds).map(|r| Topics::with_prefix(&format!("bench-{run_id}-{r}"))).collect();
-    let all: Vec<&str> = rounds.iter().flat_map(|t| t.all()).collect();
+    let memory_prefix = format!("bench-{run_id}-memory");
+    let for_memory = Topics::with_prefix(&memory_prefix);
+    let all: Vec<&str> = rounds.iter().chain([&for_memory]).flat_map(|t| t.all()).collect();
     let embedded = EmbeddedKafka::start(1, &all, args.partitions)?;
     let kafka = KafkaConfig::new(embedded.bootstrap_servers());
     let producer = workload::producer(&kafka)?;
-    let mut best = Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0 };
+    let mut best = Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0, memory: None };
     for (round, topics) in rounds.iter().enumerate() {
         let tag = format!("{run_id}r{round}");
         let events = workload::completions(&topics.events, &tag, n)?;
@@ -110,6 +118,10 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
         best.raw_consume_eps = best.raw_consume_eps.max(raw_consume_eps);
         best.raw_insert_eps = best.raw_insert_eps.max(raw_insert_eps);
         best.consume_eps = best.consume_eps.max(consume_eps);
+    }
+    if args.memory_events > 0 {
+        let bootstrap = embedded.bootstrap_servers().to_owned();
+        best.memory = Some(consume_memory(&db, url, &producer, &bootstrap, &memory_prefix, args.memory_events as usize, run_id).await?);
     }
     db.close().await;
     drop(embedded);
@@ -215,6 +227,46 @@ async fn herald_consume(db: &Db, kafka: &KafkaConfig, topic: &str, total: usize,
     Ok(eps)
 }
 
+/// Records published ahead of what the measured process has applied: the
+/// mock cluster keeps only about 5 MB per partition, so a million records
+/// published at once would be gone before they are read.
+const MEMORY_AHEAD: usize = 100_000;
+
+/// `n` records applied by a `herald consume search` process of its own (a
+/// fresh group on a topic of its own), its memory sampled throughout. The
+/// topic is fed in chunks while it runs, never more than `MEMORY_AHEAD`
+/// records ahead of it, so it always has a backlog to drain.
+async fn consume_memory(
+    db: &Db,
+    url: &str,
+    producer: &rdkafka::producer::FutureProducer,
+    bootstrap: &str,
+    prefix: &str,
+    n: usize,
+    run_id: &str,
+) -> anyhow::Result<Memory> {
+    const CHUNK: usize = 50_000;
+    let topics = Topics::with_prefix(prefix);
+    let before = inbox::count(db, search::SUBSCRIPTION).await?;
+    let args: Vec<String> = ["consume", "search", "--database", url, "--kafka", bootstrap, "--topic-prefix", prefix]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(["--group-prefix".to_owned(), format!("bench-memory-{run_id}")])
+        .collect();
+    let published = std::cell::Cell::new(0usize);
+    memory::of_role(&args, n as u64, Duration::from_secs(1800), || async {
+        let applied = usize::try_from(inbox::count(db, search::SUBSCRIPTION).await? - before)?;
+        while published.get() < n && published.get() < applied + MEMORY_AHEAD {
+            let start = published.get();
+            let chunk = workload::completions(&topics.events, &format!("{run_id}m{start}"), (n - start).min(CHUNK))?;
+            workload::publish(producer, &chunk).await?;
+            published.set(start + chunk.len());
+        }
+        Ok(applied as u64)
+    })
+    .await
+}
+
 /// Runs the search subscription `sub` until it applied `n` events and
 /// returns its rate, timed from its first commit to its last so that the
 /// consumer-group join is not counted.
@@ -264,6 +316,9 @@ impl Rates {
             "consume_vs_raw_consume": round2(self.consume_eps / self.raw_consume_eps),
             "target_eps": TARGET_EPS,
             "meets_target": self.consume_eps >= TARGET_EPS && self.consume_eps >= 0.5 * self.raw_insert_eps,
+            "memory_events": args.memory_events,
+            "consume_peak_rss_mb": self.memory.as_ref().map(|m| (m.peak_mb * 10.0).round() / 10.0),
+            "consume_memory": self.memory.as_ref().map(Memory::to_json),
         })
     }
 
@@ -285,6 +340,9 @@ impl Rates {
             if meets { "met" } else { "NOT met" },
             self.publish_eps
         );
+        if let Some(memory) = &self.memory {
+            println!("\n  {}", memory.line(&format!("herald consume search applying {} records", args.memory_events)));
+        }
     }
 }
 

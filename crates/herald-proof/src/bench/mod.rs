@@ -12,6 +12,7 @@
 //! - [`workload`]: the records they (and tests) publish.
 
 pub mod consume;
+mod memory;
 mod prune;
 pub mod rebuild;
 mod relay;

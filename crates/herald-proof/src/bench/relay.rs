@@ -23,6 +23,7 @@ use herald_store::{Backend, Db, outbox};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
+use super::memory::{self, Memory};
 use crate::scratch::ScratchDb;
 use herald_secret::SecretUrl;
 use sqlx::Row;
@@ -39,6 +40,10 @@ pub struct RelayBenchArgs {
     /// Partitions of the benchmark topic.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(1..=64))]
     partitions: i32,
+    /// Rows a separate `herald relay` process drains while its resident
+    /// memory is sampled (0: skip that measurement).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    memory_events: u64,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -63,16 +68,17 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let (_mock, kafka, topic) = match args.kafka.connect().await? {
-        Some(kafka) => {
+    let (_mock, kafka, topic, bootstrap) = match (args.kafka.connect().await?, &args.kafka.brokers) {
+        (Some(kafka), Some(brokers)) => {
             let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
             herald_kafka::ensure_topics(&kafka, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
-            (None, kafka, topic)
+            (None, kafka, topic, brokers.clone())
         }
-        None => {
+        _ => {
             let embedded = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
             let kafka = KafkaConfig::new(embedded.bootstrap_servers());
-            (Some(embedded), kafka, TOPIC.to_owned())
+            let bootstrap = embedded.bootstrap_servers().to_owned();
+            (Some(embedded), kafka, TOPIC.to_owned(), bootstrap)
         }
     };
 
@@ -86,8 +92,18 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     db.close().await;
     scratch.drop_db().await;
     let (naive, herald) = (naive?, herald?);
+    let memory = match args.memory_events {
+        0 => None,
+        n => {
+            let (scratch, db) = scratch_db(&server).await?;
+            let memory = relay_memory(&db, scratch.url.expose(), &bootstrap, &topic, n).await;
+            db.close().await;
+            scratch.drop_db().await;
+            Some(memory?)
+        }
+    };
 
-    report(&args, raw, naive, herald)?;
+    report(&args, raw, naive, herald, memory.as_ref())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -222,6 +238,20 @@ pub(crate) async fn drain(db: &Db, kafka: &KafkaConfig, want: u64) -> anyhow::Re
     Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
 }
 
+/// A backlog of `n` rows drained by a `herald relay` process of its own,
+/// its memory sampled throughout. Rows are written in chunks: holding a
+/// million events at once is memory this process does not need.
+async fn relay_memory(db: &Db, url: &str, bootstrap: &str, topic: &str, n: u64) -> anyhow::Result<Memory> {
+    for start in (0..n).step_by(50_000) {
+        insert(db, &events(topic, (n - start).min(50_000))?).await?;
+    }
+    let args: Vec<String> = ["relay", "--database", url, "--kafka", bootstrap].into_iter().map(str::to_owned).collect();
+    memory::of_role(&args, n, Duration::from_secs(1800), || async {
+        Ok(u64::try_from(outbox::count_by_status(db, outbox::DELIVERED).await?)?)
+    })
+    .await
+}
+
 pub(crate) async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
     for chunk in events.chunks(10_000) {
         let mut tx = db.begin().await?;
@@ -233,7 +263,7 @@ pub(crate) async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()
     Ok(())
 }
 
-fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::Result<()> {
+fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Option<&Memory>) -> anyhow::Result<()> {
     let vs_naive = herald.eps() / naive.eps();
     let vs_raw = herald.eps() / raw.eps();
     if args.json {
@@ -244,6 +274,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
             "broker": args.kafka.brokers.as_deref().unwrap_or("in-process mock cluster"),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
             "relay_time_split": herald.split.map(|[r, p, w]| json!({"read": r, "await_broker": p, "record_progress": w})),
+            "memory_events": args.memory_events,
+            "relay_peak_rss_mb": memory.map(|m| (m.peak_mb * 10.0).round() / 10.0),
+            "relay_memory": memory.map(Memory::to_json),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
@@ -267,6 +300,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run) -> anyhow::R
             p * 100.0,
             w * 100.0
         );
+    }
+    if let Some(memory) = memory {
+        println!("{}", memory.line(&format!("herald relay draining {} rows", args.memory_events)));
     }
     Ok(())
 }
