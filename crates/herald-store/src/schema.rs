@@ -21,6 +21,8 @@ pub struct Found {
     /// The oldest schema version whose binaries may run on it; `None`:
     /// no contract migration said otherwise.
     pub readers_from: Option<i64>,
+    /// A migration that failed half way (sqlx recorded it unsuccessful).
+    pub failed: Option<i64>,
 }
 
 /// Whether a binary that knows migrations up to `knows` may run.
@@ -34,10 +36,15 @@ pub enum Verdict {
     Behind { found: Option<i64>, needs: i64 },
     /// A later release contracted what this binary reads: a newer binary.
     TooNew { found: i64, readers_from: i64, knows: i64 },
+    /// A migration stopped half way: an operator repairs it first.
+    Failed { version: i64 },
 }
 
 /// The rule, free of IO.
 pub fn judge(found: Found, knows: i64) -> Verdict {
+    if let Some(version) = found.failed {
+        return Verdict::Failed { version };
+    }
     match found.applied {
         Some(applied) if applied == knows => Verdict::Current,
         Some(applied) if applied > knows => match found.readers_from {
@@ -66,6 +73,10 @@ impl Verdict {
                 "the database schema is at version {found}; this herald needs version {needs}: \
                  run `herald migrate` with this release first (`--dry-run` lists what it applies)"
             )),
+            Verdict::Failed { version } => Some(format!(
+                "migration {version} failed half way (recorded unsuccessful in _sqlx_migrations): finish or undo it by hand, \
+                 delete its row, then run `herald migrate`"
+            )),
             Verdict::TooNew { found, readers_from, knows } => Some(format!(
                 "the database schema is at version {found}, which only releases knowing schema version \
                  {readers_from} or later can run on (a later release removed what this one reads); \
@@ -83,16 +94,20 @@ pub fn newest_known(db: &Db) -> i64 {
 /// Reads what the database says; a database never migrated has no tables.
 pub async fn found(db: &Db) -> Result<Found, StoreError> {
     if !table_exists(db, "_sqlx_migrations").await? {
-        return Ok(Found { applied: None, readers_from: None });
+        return Ok(Found { applied: None, readers_from: None, failed: None });
     }
     let applied: Option<i64> =
         sqlx::query("SELECT MAX(version) AS v FROM _sqlx_migrations WHERE success").fetch_one(db.pool()).await?.try_get("v")?;
+    let failed: Option<i64> =
+        sqlx::query("SELECT MIN(version) AS v FROM _sqlx_migrations WHERE NOT success").fetch_one(db.pool()).await?.try_get("v")?;
+    // Only a contract migration excludes older releases; an expand row's
+    // `readers_from` documents, it does not exclude.
     let readers_from = if table_exists(db, "schema_phases").await? {
-        sqlx::query("SELECT MAX(readers_from) AS r FROM schema_phases").fetch_one(db.pool()).await?.try_get("r")?
+        sqlx::query("SELECT MAX(readers_from) AS r FROM schema_phases WHERE phase = 'contract'").fetch_one(db.pool()).await?.try_get("r")?
     } else {
         None
     };
-    Ok(Found { applied, readers_from })
+    Ok(Found { applied, readers_from, failed })
 }
 
 /// The check every role makes at start: `Err(StoreError::Config)` with the
@@ -136,7 +151,14 @@ mod tests {
     use super::*;
 
     fn found(applied: Option<i64>, readers_from: Option<i64>) -> Found {
-        Found { applied, readers_from }
+        Found { applied, readers_from, failed: None }
+    }
+
+    #[test]
+    fn a_migration_that_failed_half_way_stops_every_role() {
+        let verdict = judge(Found { applied: Some(16), readers_from: None, failed: Some(17) }, 17);
+        assert_eq!(verdict, Verdict::Failed { version: 17 });
+        assert!(verdict.refusal().is_some_and(|r| r.contains("17") && r.contains("half way")));
     }
 
     #[test]

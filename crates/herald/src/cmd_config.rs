@@ -12,6 +12,28 @@ use herald_secret::SecretUrl;
 
 use crate::config_file::{self, ConfigFile, Resolved, Setting};
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_property_keeps_its_key_even_when_its_value_holds_a_url() {
+        assert_eq!(redact("sasl.oauthbearer.config=clientSecret=abc tokenEndpoint=https://x"), "sasl.oauthbearer.config=<redacted>");
+        assert!(!redact("postgres://u:pw@h/db?sslmode=require").contains("pw"));
+        assert_eq!(redact("hunter2"), "<redacted>");
+    }
+
+    #[test]
+    fn only_numbers_toml_reads_back_the_same_are_bare() {
+        for bare in ["0", "42", "0.5", "true"] {
+            assert_eq!(toml_literal(bare), bare);
+        }
+        for quoted in ["007", ".5", "1.", "1e3", "+5", "24h"] {
+            assert_eq!(toml_literal(quoted), format!("\"{quoted}\""));
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ConfigArgs {
     #[command(subcommand)]
@@ -48,6 +70,9 @@ pub fn run(cli: &Command, file: Option<&ConfigFile>, args: ConfigArgs) -> ExitCo
 pub fn show(cli: &Command, file: Option<&ConfigFile>, words: &[String]) -> Result<String, String> {
     let words: Vec<&str> = if words.is_empty() { vec!["serve"] } else { words.iter().map(String::as_str).collect() };
     let argv: Vec<OsString> = std::iter::once("herald").chain(words.iter().copied()).map(OsString::from).collect();
+    // `herald config show relay --config other.toml` shows other.toml.
+    let named = config_file::locate(cli, &argv).map(|path| ConfigFile::load(&path)).transpose().map_err(|e| e.to_string())?;
+    let file = named.as_ref().or(file);
     let resolved = match file {
         Some(file) => config_file::resolve(cli, argv, file).map_err(|e| e.to_string())?,
         None => Resolved { argv, from_file: Default::default() },
@@ -76,18 +101,27 @@ fn literal(setting: &Setting, values: &[String]) -> String {
     if setting.list { format!("[{}]", shown.join(", ")) } else { shown.join(",") }
 }
 
-/// URLs keep all but their password, `KEY=VALUE` properties their key;
-/// other secrets show nothing.
+/// `KEY=VALUE` properties keep their key, URLs all but their password;
+/// other secrets show nothing. A property is told apart first: its value
+/// may itself hold a URL after a secret.
 fn redact(value: &str) -> String {
     match value.split_once('=') {
+        Some((key, _)) if !key.contains("://") => format!("{key}=<redacted>"),
         _ if value.contains("://") => SecretUrl::new(value).redacted().to_owned(),
-        Some((key, _)) => format!("{key}=<redacted>"),
-        None => "<redacted>".to_owned(),
+        _ => "<redacted>".to_owned(),
     }
 }
 
 /// Switches and numbers as themselves, everything else as a TOML string.
 fn toml_literal(value: &str) -> String {
-    let bare = matches!(value, "true" | "false") || value.parse::<i64>().is_ok() || value.parse::<f64>().is_ok_and(f64::is_finite);
+    // Only what TOML reads back as the same text: no leading zeros, signs
+    // or exponents.
+    let plain_number = |v: &str| {
+        let digits = v.split_once('.').map_or((v, None), |(i, f)| (i, Some(f)));
+        let int_ok =
+            !digits.0.is_empty() && digits.0.bytes().all(|b| b.is_ascii_digit()) && (digits.0 == "0" || !digits.0.starts_with('0'));
+        int_ok && digits.1.is_none_or(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let bare = matches!(value, "true" | "false") || plain_number(value);
     if bare { value.to_owned() } else { toml::Value::String(value.to_owned()).to_string() }
 }

@@ -44,8 +44,16 @@ pub async fn run(args: MigrateArgs) -> anyhow::Result<ExitCode> {
     for (version, description) in &pending {
         println!("  {version:04} {description}");
     }
+    if let Some(version) = found.failed {
+        eprintln!(
+            "error: {url}: migration {version} failed half way: finish or undo it by hand and delete its row in _sqlx_migrations first"
+        );
+        return Ok(ExitCode::from(2));
+    }
     if !args.dry_run {
-        herald_wiring::connection::open_database(url, Schema::Migrate).await?;
+        // On the pool already open: the migrator's lock (PostgreSQL) is
+        // what keeps two concurrent `herald migrate` runs apart.
+        db.migrate().await.map_err(|e| herald_wiring::connection::BadConnection(format!("database {url}: {e}")))?;
         println!("{url}: schema at version {knows}");
     }
     Ok(ExitCode::SUCCESS)

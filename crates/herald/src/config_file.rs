@@ -21,9 +21,28 @@ use thiserror::Error;
 /// The variable naming the file when `--config` is not given.
 pub const CONFIG_ENV: &str = "HERALD_CONFIG";
 
-/// Flags that are not settings: help and the file itself, one-off targets
-/// and safety overrides an operator must type each time.
-pub const ACTION_FLAGS: &[&str] = &["help", "version", "config", "force", "resend", "mark-sent", "start-at", "notify-start-at", "id"];
+/// Flags that are not settings: help and the file itself, safety
+/// overrides, and what a one-off command acts on (which rows a redrive
+/// takes, which subscription a cleanup narrows to, whether a migrate or a
+/// rebuild only looks) — an operator types each of these every time, so a
+/// file written for one command can never widen or redirect another.
+pub const ACTION_FLAGS: &[&str] = &[
+    "help",
+    "version",
+    "config",
+    "force",
+    "resend",
+    "mark-sent",
+    "start-at",
+    "notify-start-at",
+    "seq",
+    "key",
+    "status",
+    "subscription",
+    "from-snapshot",
+    "offline",
+    "dry-run",
+];
 
 /// A configuration file that cannot be used: the binary exits 2.
 #[derive(Debug, Error)]
@@ -36,7 +55,7 @@ pub enum ConfigError {
     UnknownKey { path: PathBuf, key: String },
     #[error("{path}: `{key}` is an action or a safety override, not a setting: give --{key} on the command line")]
     Action { path: PathBuf, key: String },
-    #[error("{path}: bad value for `{key}`: {reason}")]
+    #[error("{path}: `{key}`: {reason}")]
     BadValue { path: PathBuf, key: String, reason: String },
 }
 
@@ -107,13 +126,20 @@ pub fn resolve(command: &Command, argv: Vec<OsString>, file: &ConfigFile) -> Res
         return Ok(Resolved { argv, from_file: BTreeMap::new() });
     };
     let (path, matches) = leaf(&first);
+    if path.first().is_some_and(|c| c == "config") {
+        // `herald config show` resolves the file for the command line it
+        // is given; its own line takes nothing from it.
+        return Ok(Resolved { argv, from_file: BTreeMap::new() });
+    }
     let target = find(&built, &path);
     let mut added = Vec::new();
     let mut from_file = BTreeMap::new();
     for arg in target.get_arguments().filter(|a| is_setting(a)) {
         let long = arg.get_long().unwrap_or_default();
         let Some(value) = lookup(&file.table, &path, long) else { continue };
-        if given(matches, arg) {
+        // A flag typed (or set by its variable) wins, also over a file
+        // value that would conflict with it.
+        if given(matches, arg) || target.get_arg_conflicts_with(arg).iter().any(|other| given(matches, other)) {
             continue;
         }
         let flags = as_flags(arg, value).map_err(|reason| bad_value(file, long, reason))?;
@@ -127,7 +153,11 @@ pub fn resolve(command: &Command, argv: Vec<OsString>, file: &ConfigFile) -> Res
 pub fn parse(command: &Command, resolved: &Resolved, file: Option<&ConfigFile>) -> Result<ArgMatches, clap::Error> {
     command.clone().try_get_matches_from(&resolved.argv).map_err(|e| match (file, offending_flag(&e)) {
         (Some(file), Some(long)) if resolved.from_file.values().any(|k| *k == long) => {
-            let reason = e.render().to_string().lines().next().unwrap_or_default().trim_start_matches("error: ").to_owned();
+            let reason = if secret_longs(command).contains(long.as_str()) {
+                "refused (the value is a secret and is not shown)".to_owned()
+            } else {
+                e.render().to_string().lines().next().unwrap_or_default().trim_start_matches("error: ").to_owned()
+            };
             clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{}\n", bad_value(file, &long, reason)))
         }
         _ => e,
@@ -279,6 +309,16 @@ fn check_table(command: &Command, table: &toml::Table, file: &ConfigFile) -> Res
         }
     }
     Ok(())
+}
+
+/// Flags whose values are secrets (their variables are hidden from `--help`).
+fn secret_longs(command: &Command) -> BTreeSet<String> {
+    let mut longs: BTreeSet<String> =
+        command.get_arguments().filter(|a| a.is_hide_env_values_set()).filter_map(|a| a.get_long().map(str::to_owned)).collect();
+    for sub in command.get_subcommands() {
+        longs.extend(secret_longs(sub));
+    }
+    longs
 }
 
 /// The long flags of `command` and every command below it.

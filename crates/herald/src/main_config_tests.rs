@@ -71,7 +71,9 @@ fn file_with(path: &[String], key: &str, value: toml::Value) -> ConfigFile {
 fn every_setting_flag_of_every_command_is_settable_in_the_file() {
     let cli = Cli::command();
     let mut checked = 0;
-    for (path, command) in tree() {
+    // `herald config show` takes nothing from the file for its own line: it
+    // resolves the file for the command line it shows.
+    for (path, command) in tree().into_iter().filter(|(path, _)| path.first().is_none_or(|c| c != "config")) {
         // What `--help` shows: hidden flags (fault injection) are not settings.
         for arg in command.get_arguments().filter(|a| !a.is_positional() && !a.is_hide_set()) {
             let Some(long) = arg.get_long() else { continue };

@@ -51,8 +51,9 @@ fn a_bad_file_stops_the_command_with_exit_2_naming_the_key() -> anyhow::Result<(
     let dir = tempfile::tempdir()?;
     for (text, expect) in [
         ("lease-msec = 1\n", "unknown key `lease-msec`"),
-        ("[relay]\nlease-ms = \"soon\"\n", "bad value for `lease-ms`"),
+        ("[relay]\nlease-ms = \"soon\"\n", "`lease-ms`: invalid value"),
         ("[prune]\nforce = true\n", "`force` is an action"),
+        ("[dlq]\nsubscription = \"search\"\n", "`subscription` is an action"),
         ("lease-ms = \n", "not valid TOML"),
     ] {
         let config = write(dir.path(), text)?;

@@ -84,6 +84,17 @@ fn a_bad_value_is_reported_as_the_files_key() {
 }
 
 #[test]
+fn a_typed_flag_also_wins_over_a_file_value_that_conflicts_with_it() {
+    let cli = Command::new("herald").subcommand(
+        Command::new("drill").arg(Arg::new("minutes").long("minutes").conflicts_with("seconds")).arg(Arg::new("seconds").long("seconds")),
+    );
+    let file = file("[drill]\nminutes = 5\n");
+    let resolved = resolve(&cli, argv(&["drill", "--seconds", "30"]), &file).expect("resolves");
+    assert!(resolved.from_file.is_empty(), "{:?}", resolved.argv);
+    parse(&cli, &resolved, Some(&file)).expect("the typed flag alone");
+}
+
+#[test]
 fn the_config_flag_is_found_before_the_full_parse() {
     let found = locate(&cli(), &argv(&["relay", "--config", "/etc/herald.toml", "--lease-ms", "x"]));
     assert_eq!(found, Some(PathBuf::from("/etc/herald.toml")));
