@@ -19,8 +19,6 @@ use herald_testkit::kafka::first_occurrences_by_key;
 use rdkafka::types::RDKafkaRespErr;
 use relay_support::{bench, config, stat, wait_until, with_faults};
 
-const DELIVERED: &str = "SELECT COUNT(*) AS n FROM outbox WHERE status = 'delivered'";
-
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_down_rows_stay_pending_and_go_out_when_it_returns() -> anyhow::Result<()> {
     let b = bench(true).await?;
@@ -30,11 +28,11 @@ async fn broker_down_rows_stay_pending_and_go_out_when_it_returns() -> anyhow::R
     let relay = b.start(config("down"))?;
     // Every row is in the producer's hands, and none is acknowledged.
     wait_until("all rows sent", || async { Ok(stat(&relay.stats.sent) >= 20) }).await?;
-    assert_eq!(b.count(DELIVERED).await?, 0, "nothing is delivered while the broker is down");
+    assert_eq!(b.count(&b.delivered()).await?, 0, "nothing is delivered while the broker is down");
     assert_eq!(b.count("SELECT COUNT(*) AS n FROM outbox WHERE status = 'pending'").await?, 20);
 
     b.kafka.broker_up(1)?;
-    b.wait_count(DELIVERED, 20).await?;
+    b.wait_count(&b.delivered(), 20).await?;
     relay.stop().await?;
     let published = first_occurrences_by_key(&b.records()?);
     for key in 0..5 {
@@ -51,7 +49,7 @@ async fn refused_produce_requests_are_retried_with_the_same_event_id() -> anyhow
     b.kafka.produce_errors(&[refused, refused])?;
     let ids = b.append(&["refused"; 3]).await?;
     let relay = b.start(config("refused"))?;
-    b.wait_count(DELIVERED, 3).await?;
+    b.wait_count(&b.delivered(), 3).await?;
     let stats = relay.stats.clone();
     relay.stop().await?;
 
@@ -81,7 +79,7 @@ async fn a_lost_ack_republishes_the_rows_with_the_same_event_ids() -> anyhow::Re
     let b = bench(true).await?;
     let ids = b.append(&["lost-ack"; 10]).await?;
     let running = b.start(with_faults(config("lost-ack"), lose_first_ack()))?;
-    b.wait_count(DELIVERED, 10).await?;
+    b.wait_count(&b.delivered(), 10).await?;
     let stats = running.stats.clone();
     running.stop().await?;
 
@@ -92,6 +90,46 @@ async fn a_lost_ack_republishes_the_rows_with_the_same_event_ids() -> anyhow::Re
         assert_eq!(copies, 2, "{id}: published, ack lost, published again with the same id");
     }
     assert_eq!(first_occurrences_by_key(&records)["lost-ack"], ids);
+    Ok(())
+}
+
+/// The database refuses the first write that moves a cursor (a trigger; a
+/// sequence counts across the rolled-back attempt).
+async fn fail_first_cursor_write(db: &Db) -> anyhow::Result<()> {
+    for statement in [
+        "CREATE SEQUENCE progress_failures",
+        "CREATE FUNCTION fail_first_progress() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         IF nextval('progress_failures') = 1 THEN RAISE EXCEPTION 'injected: the progress write fails'; END IF; \
+         RETURN NEW; END $$",
+        "CREATE TRIGGER fail_first_progress BEFORE UPDATE ON relay_slices FOR EACH ROW \
+         WHEN (OLD.cursor_seq IS DISTINCT FROM NEW.cursor_seq OR OLD.cursor_xid IS DISTINCT FROM NEW.cursor_xid \
+         OR OLD.cursor_lo IS DISTINCT FROM NEW.cursor_lo) EXECUTE FUNCTION fail_first_progress()",
+    ] {
+        sqlx::query(statement).execute(db.pool()).await?;
+    }
+    Ok(())
+}
+
+/// The next batch is read while a batch's progress commits (issue 20); when
+/// that write fails, the batch read meanwhile must not go out: both go again
+/// from the recorded cursor. Publishing it before the write's outcome is
+/// known would put a third batch of copies in the topic.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_progress_write_sends_the_batch_read_meanwhile_only_after_it_again() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    fail_first_cursor_write(&b.db).await?;
+    let ids = b.append(&["progress-fails"; 10]).await?;
+    let running = b.start(RelayConfig { batch_size: 5, ..config("progress-fails") })?;
+    b.wait_count(&b.delivered(), 10).await?;
+    let stats = running.stats.clone();
+    running.stop().await?;
+
+    assert_eq!(stat(&stats.unrecorded), 1, "one progress write failed");
+    let records = b.records()?;
+    let copies = |id: &String| records.iter().filter(|r| &r.ce_id == id).count();
+    assert_eq!(ids[..5].iter().map(copies).collect::<Vec<_>>(), [2; 5], "the unrecorded batch went out again");
+    assert_eq!(ids[5..].iter().map(copies).collect::<Vec<_>>(), [1; 5], "the batch read meanwhile went out once, after it");
+    assert_eq!(first_occurrences_by_key(&records)["progress-fails"], ids);
     Ok(())
 }
 
@@ -129,7 +167,7 @@ async fn fenced(postgres: bool) -> anyhow::Result<()> {
     sqlx::query("UPDATE relay_slices SET claim_expires_at_ms = 0 WHERE slice = $1").bind(slice).execute(b.db.pool()).await?;
     // B is another process: its own pool (on SQLite, its own connection).
     let takeover = b.start_on(Db::connect(&b.test_db.url).await?, config("relay-b"))?;
-    b.wait_count(DELIVERED, 10).await?;
+    b.wait_count(&b.delivered(), 10).await?;
     let before = slice_row(&b.db, slice).await?;
     assert_eq!(before.owner, "relay-b");
 
@@ -199,7 +237,7 @@ async fn retries_exhausted_dead_letter_the_row_and_redrive_publishes_it() -> any
     let moved = outbox::redrive(&b.db, &[listed[0].seq]).await?;
     assert_eq!(moved.len(), 1);
     assert!(moved[0].1 > moved[0].0, "re-appended behind everything else");
-    b.wait_count(DELIVERED, 1).await?;
+    b.wait_count(&b.delivered(), 1).await?;
     relay.stop().await?;
     let records = b.records()?;
     assert_eq!(records.len(), 1);
@@ -219,7 +257,7 @@ async fn a_record_too_large_is_failed_not_delivered_and_its_key_goes_on() -> any
         tx.commit().await?;
         let after = b.append(&["big", "other"]).await?;
         let relay = b.start(config("big"))?;
-        b.wait_count(DELIVERED, 2).await?;
+        b.wait_count(&b.delivered(), 2).await?;
         wait_until("set aside", || async { Ok(b.status_of(&big.id).await?.0 == outbox::FAILED) }).await?;
         relay.stop().await?;
         let (_, attempts) = b.status_of(&big.id).await?;

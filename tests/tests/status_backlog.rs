@@ -21,20 +21,21 @@ use herald_testkit::Gate;
 use relay_support::{Bench, bench, config, wait_until, with_faults};
 use sqlx::Row;
 
-const DELIVERED: &str = "SELECT COUNT(*) AS n FROM outbox WHERE status = 'delivered'";
-
 /// `(status → rows, oldest backlog created_at)` over the whole outbox.
 async fn scanned(db: &Db) -> anyhow::Result<(BTreeMap<String, i64>, Option<i64>)> {
     let mut by_status = BTreeMap::new();
-    for r in
-        sqlx::query("SELECT status, COUNT(*) AS n FROM outbox WHERE status <> 'delivered' GROUP BY status").fetch_all(db.pool()).await?
-    {
+    // Every row with its status derived from the cursors, the slow way.
+    let derived = format!(
+        "SELECT {} AS status, o.created_at_ms FROM {}",
+        herald_store::delivered::status_sql(db.backend()),
+        herald_store::delivered::FROM_OUTBOX
+    );
+    let sql = format!("SELECT status, COUNT(*) AS n FROM ({derived}) AS rows_now WHERE status <> 'delivered' GROUP BY status");
+    for r in sqlx::query(&sql).fetch_all(db.pool()).await? {
         by_status.insert(r.try_get("status")?, r.try_get("n")?);
     }
-    let oldest = sqlx::query("SELECT MIN(created_at_ms) AS m FROM outbox WHERE status IN ('pending', 'retryable_failed')")
-        .fetch_one(db.pool())
-        .await?
-        .try_get("m")?;
+    let sql = format!("SELECT MIN(created_at_ms) AS m FROM ({derived}) AS rows_now WHERE status IN ('pending', 'retryable_failed')");
+    let oldest = sqlx::query(&sql).fetch_one(db.pool()).await?.try_get("m")?;
     Ok((by_status, oldest))
 }
 
@@ -100,11 +101,11 @@ async fn backlog_is_read_behind_the_cursors(postgres: bool) -> anyhow::Result<()
     running.stop().await?;
     append_keys(&b, 30, "after").await?;
     let backlog = figures_match_a_scan(&b.db, "relay stopped mid-way, rows committed after").await?;
-    let delivered = b.count(DELIVERED).await?;
+    let delivered = b.count(&b.delivered()).await?;
     assert!(backlog > 30 && delivered > 0, "a state in between: backlog {backlog}, delivered {delivered}");
 
     let running = b.start(config("status"))?;
-    b.wait_count(DELIVERED, 430).await?;
+    b.wait_count(&b.delivered(), 430).await?;
     wait_until("the big row set aside", || async { Ok(b.status_of(&big.id).await?.0 == outbox::FAILED) }).await?;
     running.stop().await?;
     assert_eq!(figures_match_a_scan(&b.db, "drained").await?, 0);

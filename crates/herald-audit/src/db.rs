@@ -19,12 +19,16 @@ pub async fn read(db: &Db, clock_skew_ms: i64) -> Result<DbEvidence, AuditError>
             sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY").execute(&mut *tx).await?;
             // The relay publishes a slice in (xid, seq) order, and for rows of
             // one key that is their commit order: see ARCHITECTURE.md.
-            "xid, seq"
+            "o.xid, o.seq"
         }
-        Backend::Sqlite => "seq",
+        Backend::Sqlite => "o.seq",
     };
+    // A row the relay's cursor passed is delivered (herald-store's `delivered`).
     let sql = format!(
-        "SELECT seq, source, event_id, event_type, subject, topic, partition_key, status, event_time_ms FROM outbox ORDER BY {commit_order}"
+        "SELECT o.seq, o.source, o.event_id, o.event_type, o.subject, o.topic, o.partition_key, {} AS status, o.event_time_ms \
+         FROM {} ORDER BY {commit_order}",
+        herald_store::delivered::status_sql(db.backend()),
+        herald_store::delivered::FROM_OUTBOX
     );
     let outbox = sqlx::query(&sql)
         .fetch_all(&mut *tx)

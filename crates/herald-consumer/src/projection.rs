@@ -12,6 +12,7 @@
 use std::future::Future;
 
 use herald_envelope::DecodedEvent;
+use herald_store::delivered::Settled;
 use herald_store::{Db, StoreError, Tx, generations};
 use sqlx::PgConnection;
 
@@ -76,17 +77,18 @@ pub trait Projection: Send + Sync + 'static {
 
     /// Checks `generation` against the projection's own source of truth, for
     /// rebuilds that cannot compare with a live generation (offline).
-    /// `settled_before_ms`: facts whose events were surely in Kafka below the
-    /// generation's boundary (delivered before it was read, database clock).
-    /// `None`: the projection declares no source of truth. `Some(problems)`:
-    /// empty when the generation agrees.
+    /// `settled`: which outbox rows were surely in Kafka below the
+    /// generation's boundary (delivered before it was read);
+    /// [`Settled::outbox_filter`] says it in SQL. `None`: the projection
+    /// declares no source of truth. `Some(problems)`: empty when the
+    /// generation agrees.
     fn verify_source(
         &self,
         db: &Db,
         generation: i64,
-        settled_before_ms: i64,
+        settled: &Settled,
     ) -> impl Future<Output = Result<Option<Vec<String>>, StoreError>> + Send {
-        let _ = (db, generation, settled_before_ms);
+        let _ = (db, generation, settled);
         async { Ok(None) }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use herald_projections::search::{self, DocumentRow};
+use herald_store::delivered::Settled;
 use herald_store::{Db, StoreError, now_ms, positions};
 use serde::Serialize;
 use sqlx::Row;
@@ -32,9 +33,24 @@ pub struct Generation {
     pub boundary_mode: Option<String>,
     /// Offline: the database time before the topic's end was read.
     pub settled_before_ms: Option<i64>,
+    /// Offline: the relay's cursors read then (JSON of [`Settled`]'s); none
+    /// for generations opened by releases before v0.11.0.
+    pub settled_cursors: Option<String>,
 }
 
-const COLUMNS: &str = "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms, boundary_mode, settled_before_ms";
+impl Generation {
+    /// Offline: what was surely delivered before the boundary was read.
+    pub fn settled(&self) -> Option<Settled> {
+        let before_ms = self.settled_before_ms?;
+        // Unreadable or absent cursors leave only the rows an older relay
+        // dated: fewer facts checked, never a fact wrongly required.
+        let cursors = self.settled_cursors.as_deref().and_then(|c| serde_json::from_str(c).ok()).unwrap_or_default();
+        Some(Settled { before_ms, cursors })
+    }
+}
+
+const COLUMNS: &str = "projection, generation, state, documents, checksum, detail, created_at_ms, updated_at_ms, switched_at_ms, \
+     boundary_mode, settled_before_ms, settled_cursors";
 
 fn row_to_generation(row: &AnyRow) -> Result<Generation, StoreError> {
     Ok(Generation {
@@ -49,6 +65,7 @@ fn row_to_generation(row: &AnyRow) -> Result<Generation, StoreError> {
         switched_at_ms: row.try_get("switched_at_ms")?,
         boundary_mode: row.try_get("boundary_mode")?,
         settled_before_ms: row.try_get("settled_before_ms")?,
+        settled_cursors: row.try_get("settled_cursors")?,
     })
 }
 
@@ -85,16 +102,16 @@ pub async fn in_state(db: &Db, projection: &str, states: &[&str]) -> Result<Opti
 }
 
 /// Where a new generation's replay ends and live traffic's part begins.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Boundary {
     /// Where live traffic stands: replay what it has applied, live traffic
     /// writes the rest. Nothing to wait for.
     Live,
     /// At least the end of the topic (the high watermarks given, read after
-    /// `settled_before_ms` on the database's clock): replay everything there
-    /// is; live traffic, when it resumes, writes only what is past it. For a
-    /// live subscription that is stopped or far behind.
-    Offline { settled_before_ms: i64 },
+    /// `settled` was taken): replay everything there is; live traffic, when
+    /// it resumes, writes only what is past it. For a live subscription that
+    /// is stopped or far behind.
+    Offline { settled: Settled },
 }
 
 impl Boundary {
@@ -130,7 +147,7 @@ pub async fn open_next(
         .iter()
         .map(|p| {
             let live = live.get(&p.partition).copied().unwrap_or(0);
-            let boundary_offset = match boundary {
+            let boundary_offset = match &boundary {
                 Boundary::Live => live,
                 Boundary::Offline { .. } => live.max(p.boundary_offset),
             };
@@ -142,13 +159,16 @@ pub async fn open_next(
         .fetch_one(&mut *tx)
         .await?
         .try_get("n")?;
-    let settled = match boundary {
-        Boundary::Live => None,
-        Boundary::Offline { settled_before_ms } => Some(settled_before_ms),
+    let (settled, cursors) = match &boundary {
+        Boundary::Live => (None, None),
+        Boundary::Offline { settled } => {
+            let cursors = serde_json::to_string(&settled.cursors).map_err(|e| StoreError::Query(sqlx::Error::Encode(Box::new(e))))?;
+            (Some(settled.before_ms), Some(cursors))
+        }
     };
     sqlx::query(
         "INSERT INTO projection_generations (projection, generation, state, created_at_ms, updated_at_ms, boundary_mode, \
-         settled_before_ms) VALUES ($1, $2, $3, $4, $4, $5, $6)",
+         settled_before_ms, settled_cursors) VALUES ($1, $2, $3, $4, $4, $5, $6, $7)",
     )
     .bind(projection)
     .bind(next)
@@ -156,6 +176,7 @@ pub async fn open_next(
     .bind(now)
     .bind(boundary.mode())
     .bind(settled)
+    .bind(cursors)
     .execute(&mut *tx)
     .await?;
     herald_store::generations::insert_positions(&mut tx, projection, next, topic, &positions).await?;

@@ -8,8 +8,8 @@ use herald_fault::{Hook, Point};
 use herald_kafka::{KafkaConfig, offsets};
 use herald_projections::search::DocumentRow;
 use herald_store::Db;
+use herald_store::delivered::Settled;
 use serde::Serialize;
-use sqlx::Row;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -180,10 +180,11 @@ enum Opened {
 /// retained records, or a snapshot), and its boundary (the live positions,
 /// or offline at least the end of the topic).
 async fn open<P: Projection>(db: &Db, options: &RebuildOptions, previous_active: i64) -> Result<Opened, RebuildError> {
-    let settled_before_ms = db_now(db).await?;
+    // Before the topic's end is read: what was delivered then is below it.
+    let settled = Settled::now(db).await?;
     let watermarks = watermarks(&options.kafka, &options.topic).await?;
     let (starts, documents) = plan::<P>(db, options, previous_active, &watermarks).await?;
-    let boundary = if options.offline { Boundary::Offline { settled_before_ms } } else { Boundary::Live };
+    let boundary = if options.offline { Boundary::Offline { settled } } else { Boundary::Live };
     if options.dry_run {
         let live = herald_store::positions::read(db, P::NAME, &options.topic).await?;
         let planned = starts
@@ -198,8 +199,9 @@ async fn open<P: Projection>(db: &Db, options: &RebuildOptions, previous_active:
     }
     // Only a wait makes sense here: nothing is written yet to fail.
     options.faults.at(Point::BeforeOpen, P::NAME, 0).await;
+    let mode = boundary.mode();
     let (generation, positions) = generations::open_next(db, P::NAME, &options.topic, &starts, boundary, &documents).await?;
-    info!(projection = P::NAME, generation = generation.generation, ?positions, mode = boundary.mode(), "generation opened");
+    info!(projection = P::NAME, generation = generation.generation, ?positions, mode, "generation opened");
     Ok(Opened::Generation(generation))
 }
 
@@ -216,8 +218,8 @@ enum Verified {
 async fn verified<P: Projection>(db: &Db, projection: &P, opened: &Generation, active: i64) -> Result<Verified, RebuildError> {
     let generation = opened.generation;
     let (old, new) = verify::fingerprints(db, projection, active, generation).await?;
-    let detail = match (opened.boundary_mode.as_deref(), opened.settled_before_ms) {
-        (Some("offline"), Some(settled)) => match projection.verify_source(db, generation, settled).await? {
+    let detail = match (opened.boundary_mode.as_deref(), opened.settled()) {
+        (Some("offline"), Some(settled)) => match projection.verify_source(db, generation, &settled).await? {
             None => {
                 let why = format!(
                     "offline: {} declares no source of truth to verify against; check, then `herald rebuild switch {}`",
@@ -267,13 +269,6 @@ async fn plan<P: Projection>(
         return Err(RebuildError::HistoryGap(gaps));
     }
     Ok((watermarks.to_vec(), Vec::new()))
-}
-
-/// The database's clock.
-async fn db_now(db: &Db) -> Result<i64, RebuildError> {
-    let row =
-        sqlx::query(&format!("SELECT {} AS now_ms", db.now_sql())).fetch_one(db.pool()).await.map_err(herald_store::StoreError::from)?;
-    Ok(row.try_get("now_ms").map_err(herald_store::StoreError::from)?)
 }
 
 /// Start (low watermark) and end (high watermark) of every partition.

@@ -8,9 +8,10 @@
 //! a time holds a slice under a lease (owner, token, claimed at, expires at,
 //! attempt count), and reads it forward from a cursor stored with the claim
 //! (see [`crate::cursor`]). All rows of a key are in one slice, so the lease
-//! holder alone orders them. Progress — the cursor and the rows' final
-//! statuses — is written in one transaction that first checks the token and
-//! the expiry: a relay that lost its lease cannot write progress.
+//! holder alone orders them. Progress — the cursor, and the statuses of the
+//! few rows that are exceptions — is written in one transaction that first
+//! checks the token and the expiry: a relay that lost its lease cannot write
+//! progress.
 
 use herald_store::lease::{Held, LeaseTable, Pick, Take, Token, TokenKind, Value, Write};
 use herald_store::{Db, StoreError, outbox};
@@ -146,13 +147,16 @@ pub enum Fence {
 }
 
 /// Records progress of one batch in one transaction, fenced by the claim:
-/// the cursor, `delivered` rows and `setbacks`. Call only with rows whose
-/// delivery report succeeded in `delivered`.
+/// the cursor — which says every row it passes is delivered, see
+/// [`herald_store::delivered`] — and the exceptions: `setbacks`, and
+/// `recovered` rows (delivered after a retryable failure, whose status must
+/// no longer say so). Call only with rows whose delivery report succeeded in
+/// `recovered`.
 pub async fn record_progress(
     db: &Db,
     claim: &Claim,
     cursor: &Cursor,
-    delivered: &[i64],
+    recovered: &[i64],
     setbacks: &[Setback],
     ttl_ms: i64,
 ) -> Result<Fence, StoreError> {
@@ -168,7 +172,7 @@ pub async fn record_progress(
         tx.rollback().await?;
         return Ok(Fence::Lost);
     }
-    outbox::mark_delivered(db, &mut tx, delivered).await?;
+    outbox::mark_delivered(db, &mut tx, recovered).await?;
     outbox::set_back(&mut tx, setbacks).await?;
     tx.commit().await?;
     Ok(Fence::Held)

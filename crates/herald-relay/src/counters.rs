@@ -23,7 +23,8 @@ pub struct RelayCounters {
     /// 1 while the PostgreSQL `LISTEN` for new rows is active.
     pub listening: AtomicU64,
     /// Time slice tasks spent reading batches, awaiting the broker's
-    /// verdicts, and writing progress, in microseconds summed over slices:
+    /// verdicts, and waiting for progress writes (the part of a write not
+    /// hidden behind the next read), in microseconds summed over slices:
     /// where a relay's time goes (the benchmark prints the split).
     pub read_us: AtomicU64,
     pub publish_us: AtomicU64,

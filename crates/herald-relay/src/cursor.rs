@@ -8,35 +8,10 @@
 //! of the `(slice, xid, seq)` index from the cursor. On SQLite the single
 //! writer commits in sequence order, so the sequence alone is the cursor.
 
+pub use herald_store::delivered::Cursor;
 use herald_store::outbox::{self, OutboxRow, ROW_COLUMNS};
 use herald_store::{Backend, Db, StoreError};
 use sqlx::Row;
-
-/// Where a slice's reading stands. See the module docs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cursor {
-    /// PostgreSQL snapshot every row of which is done.
-    pub lo: String,
-    /// Snapshot being worked through; `None` until the next read takes one.
-    pub hi: Option<String>,
-    /// Within `(lo, hi]`: rows up to (`xid`, `seq`) are done (PostgreSQL).
-    pub xid: i64,
-    /// On SQLite, the whole cursor: rows up to here are done.
-    pub seq: i64,
-}
-
-impl Cursor {
-    /// The cursor after the rows up to `done` (`(xid, seq)` of the last row
-    /// done, if any) are done. `step_done` says the read returned everything
-    /// left between `lo` and `hi`.
-    pub fn after(&self, done: Option<(i64, i64)>, step_done: bool) -> Cursor {
-        match (&self.hi, step_done, done) {
-            (Some(hi), true, _) => Cursor { lo: hi.clone(), hi: None, xid: 0, seq: 0 },
-            (_, _, Some((xid, seq))) => Cursor { xid, seq, ..self.clone() },
-            (_, _, None) => self.clone(),
-        }
-    }
-}
 
 /// Reads up to `limit` rows of `slice` after `cursor`, in order. On
 /// PostgreSQL a cursor without `hi` first gets the current snapshot as `hi`
@@ -73,20 +48,4 @@ pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(V
     let rows =
         sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
     Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursor_moves_to_the_next_step_only_when_one_is_done() {
-        let c = Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 6, seq: 10 };
-        assert_eq!(c.after(Some((8, 20)), false), Cursor { lo: "1:1:".into(), hi: Some("5:9:7".into()), xid: 8, seq: 20 });
-        assert_eq!(c.after(None, false), c, "nothing done, nothing moves");
-        assert_eq!(c.after(Some((8, 20)), true), Cursor { lo: "5:9:7".into(), hi: None, xid: 0, seq: 0 });
-        // SQLite: no snapshots, the sequence is the cursor.
-        let s = Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 10 };
-        assert_eq!(s.after(Some((0, 20)), true), Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 20 });
-    }
 }

@@ -1,11 +1,16 @@
 //! One claimed slice: read forward, publish, await every verdict, record
-//! progress under the claim's token — then, and only then, read on.
+//! progress under the claim's token.
 //!
-//! A slice never has two batches in flight: the next batch is read only after
-//! the previous one's progress was written. So a relay that takes the slice
-//! over starts exactly where the unrecorded batch started, and however the
-//! two relays' records interleave in Kafka, the first copy of each record of
-//! a key comes in order.
+//! A slice never has two batches in flight: the next batch is published only
+//! after the previous one's progress was written. So a relay that takes the
+//! slice over starts exactly where the unrecorded batch started, and however
+//! the two relays' records interleave in Kafka, the first copy of each record
+//! of a key comes in order. What overlaps is reading: the next batch is read
+//! while the previous batch's progress write commits (one fenced cursor
+//! write; on a durable server most of its time is the commit's flush), and
+//! thrown away if that write fails. A batch with a retryable failure is
+//! recorded before reading on, since the next read includes the failed row
+//! and must see its attempts.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,8 +18,9 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use herald_fault::{Action, Point};
 use herald_store::outbox::{self, OutboxRow};
-use herald_store::{Backend, now_ms};
+use herald_store::{Backend, StoreError, now_ms};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -37,10 +43,15 @@ pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationTok
         persisted: claim.cursor.clone(),
         cursor: claim.cursor.clone(),
         idle: shared.config.idle_min,
+        recording: None,
         shared,
         claim,
     };
-    let end = worker.work(&stop).await;
+    let end = match worker.work(&stop).await {
+        // Its last progress must land before the claim is given back.
+        End::Released if worker.recorded().await == Recorded::Lost => End::Lost,
+        end => end,
+    };
     if end == End::Released {
         if let Err(e) = store::release(&worker.shared.db, &worker.claim).await {
             // The lease then simply expires; another relay waits that long.
@@ -60,6 +71,28 @@ struct Worker {
     cursor: Cursor,
     wake: watch::Receiver<u64>,
     idle: Duration,
+    /// The last batch's progress write, committing while the next batch is
+    /// read and sent.
+    recording: Option<Recording>,
+}
+
+/// A progress write under way.
+struct Recording {
+    next: Cursor,
+    settled: Settled,
+    write: JoinHandle<Result<Fence, StoreError>>,
+}
+
+/// What became of the progress write under way, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorded {
+    /// Committed (or there was none): the recorded cursor moved on.
+    Yes,
+    /// Refused: another relay holds the slice now.
+    Lost,
+    /// Failed: the cursor is back at the last recorded one, and whatever was
+    /// sent since goes out again.
+    Failed,
 }
 
 impl Worker {
@@ -80,6 +113,17 @@ impl Worker {
                 }
             };
             RelayCounters::time(&self.shared.counters.read_us, started);
+            // Nothing is published, and no wait begins, before the last
+            // batch is recorded.
+            let started = Instant::now();
+            let recorded = self.recorded().await;
+            RelayCounters::time(&self.shared.counters.record_us, started);
+            match recorded {
+                Recorded::Lost => return End::Lost,
+                // Read again from the recorded cursor.
+                Recorded::Failed => continue,
+                Recorded::Yes => {}
+            }
             if rows.is_empty() {
                 self.cursor = self.cursor.after(None, true);
                 self.idle_wait(stop).await;
@@ -97,7 +141,7 @@ impl Worker {
         End::Released
     }
 
-    /// Publishes one batch and records its progress; `Some` ends the slice.
+    /// Publishes one batch and starts its progress write; `Some` ends the slice.
     async fn batch(&mut self, rows: Vec<OutboxRow>, stop: &CancellationToken) -> Option<End> {
         let config = &self.shared.config;
         let step_done = (rows.len() as i64) < config.batch_size;
@@ -114,28 +158,53 @@ impl Worker {
         let rows_n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
         if let Action::LoseAck | Action::Fail(_) = config.faults.at(Point::BeforeProgress, &self.claim.slice.to_string(), rows_n).await {
             warn!(slice = self.claim.slice, "fault: acknowledgement lost before progress was recorded");
-            return self.unrecorded();
+            self.unrecorded();
+            return None;
         }
-        let started = Instant::now();
-        let recorded =
-            store::record_progress(&self.shared.db, &self.claim, &next, &settled.delivered, &settled.setbacks, config.lease_ms()).await;
-        RelayCounters::time(&self.shared.counters.record_us, started);
-        match recorded {
+        let stopped = settled.stopped;
+        let (db, claim, cursor, ttl) = (self.shared.db.clone(), self.claim.clone(), next.clone(), config.lease_ms());
+        let (recovered, setbacks) = (settled.recovered.clone(), settled.setbacks.clone());
+        let write = tokio::spawn(async move { store::record_progress(&db, &claim, &cursor, &recovered, &setbacks, ttl).await });
+        // The next batch is read from here while this one's progress commits.
+        self.cursor = next.clone();
+        self.recording = Some(Recording { next, settled, write });
+        if stopped {
+            // The next read includes the failed row: it must see its attempts.
+            let started = Instant::now();
+            let recorded = self.recorded().await;
+            RelayCounters::time(&self.shared.counters.record_us, started);
+            if recorded == Recorded::Lost {
+                return Some(End::Lost);
+            }
+        }
+        None
+    }
+
+    /// Waits for the progress write under way, if any.
+    async fn recorded(&mut self) -> Recorded {
+        let Some(Recording { next, settled, write }) = self.recording.take() else {
+            return Recorded::Yes;
+        };
+        let outcome = match write.await {
+            Ok(outcome) => outcome,
+            Err(e) => Err(StoreError::Config(format!("progress write task failed: {e}"))),
+        };
+        match outcome {
             Ok(Fence::Held) => {
-                self.persisted = next.clone();
-                self.cursor = next;
+                self.persisted = next;
                 self.count(&settled);
                 debug!(slice = self.claim.slice, delivered = settled.delivered.len(), "batch recorded");
-                None
+                Recorded::Yes
             }
             Ok(Fence::Lost) => {
                 RelayCounters::add(&self.shared.counters.fenced, 1);
                 warn!(slice = self.claim.slice, token = %self.claim.token, "lease lost: progress refused; another relay owns the slice");
-                Some(End::Lost)
+                Recorded::Lost
             }
             Err(e) => {
                 warn!(slice = self.claim.slice, error = %e, "recording progress failed; the batch will be published again");
-                self.unrecorded()
+                self.unrecorded();
+                Recorded::Failed
             }
         }
     }
@@ -155,10 +224,9 @@ impl Worker {
 
     /// The batch's progress was not written: go back to the recorded cursor,
     /// so the same rows are published again (same CloudEvents ids).
-    fn unrecorded(&mut self) -> Option<End> {
+    fn unrecorded(&mut self) {
         RelayCounters::add(&self.shared.counters.unrecorded, 1);
         self.cursor = self.persisted.clone();
-        None
     }
 
     fn count(&self, settled: &Settled) {
@@ -214,6 +282,9 @@ fn backoff_left(head: &OutboxRow) -> Option<Duration> {
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct Settled {
     pub delivered: Vec<i64>,
+    /// Delivered rows that had failed before (`retryable_failed`): the
+    /// cursor passing them is not enough, their status is rewritten.
+    pub recovered: Vec<i64>,
     pub setbacks: Vec<Setback>,
     /// (xid, seq) of the last row the cursor may pass.
     pub last_done: Option<(i64, i64)>,
@@ -222,7 +293,8 @@ pub(crate) struct Settled {
     pub stopped: bool,
 }
 
-/// Rows are settled in order. A delivered row is done; a permanent failure
+/// Rows are settled in order. A delivered row is done (the cursor passing it
+/// says so); a permanent failure
 /// is set aside (`failed`) and passed; a retryable one is retried later —
 /// it and everything after it in the slice wait, so a key's later rows never
 /// overtake it — unless it used up its attempts (`dead_lettered`, passed).
@@ -236,6 +308,9 @@ pub(crate) fn settle(
     for (i, (row, verdict)) in rows.iter().zip(verdicts.iter()).enumerate() {
         let Err(error) = verdict else {
             settled.delivered.push(row.seq);
+            if row.attempts > 0 {
+                settled.recovered.push(row.seq);
+            }
             settled.last_done = Some((row.xid, row.seq));
             continue;
         };

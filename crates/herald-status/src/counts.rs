@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use herald_envelope::{EventData, ExportCompleted};
+use herald_store::delivered::{FROM_OUTBOX, status_sql};
 use herald_store::{Db, StoreError, outbox};
 use serde::Serialize;
 use sqlx::Row;
@@ -78,7 +79,7 @@ pub async fn collect(db: &Db) -> Result<Counts, StoreError> {
     Ok(Counts {
         export_intents: count(db, "SELECT COUNT(*) AS n FROM export_intents", &[]).await?,
         jobs: grouped(db, "SELECT status AS k, COUNT(*) AS n FROM export_jobs GROUP BY status", &[]).await?,
-        outbox: grouped(db, "SELECT status AS k, COUNT(*) AS n FROM outbox GROUP BY status", &[]).await?,
+        outbox: grouped(db, &format!("SELECT {} AS k, COUNT(*) AS n FROM {FROM_OUTBOX} GROUP BY k", status_sql(db.backend())), &[]).await?,
         completions: completions(db).await?,
         inbox: grouped(db, "SELECT subscription AS k, COUNT(*) AS n FROM inbox GROUP BY subscription", &[]).await?,
         completions_applied: grouped(
@@ -97,8 +98,12 @@ async fn completions(db: &Db) -> Result<Completions, StoreError> {
     let completed = ExportCompleted::EVENT_TYPE;
     let rows = count(db, "SELECT COUNT(*) AS n FROM outbox WHERE event_type = $1", &[completed]).await?;
     let jobs = count(db, "SELECT COUNT(DISTINCT subject) AS n FROM outbox WHERE event_type = $1", &[completed]).await?;
-    let delivered =
-        count(db, "SELECT COUNT(*) AS n FROM outbox WHERE event_type = $1 AND status = $2", &[completed, outbox::DELIVERED]).await?;
+    let delivered = count(
+        db,
+        &format!("SELECT COUNT(*) AS n FROM {FROM_OUTBOX} WHERE o.event_type = $1 AND {} = $2", status_sql(db.backend())),
+        &[completed, outbox::DELIVERED],
+    )
+    .await?;
     Ok(Completions { rows, delivered, beyond_first: rows - jobs })
 }
 

@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use herald_store::delivered::{self, SliceCursor};
 use herald_store::{Backend, Db, StoreError, dead_letter, outbox, parked};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -74,8 +75,8 @@ pub async fn outbox(reading: &mut Reading, now_ms: i64) -> Result<Outbox, StoreE
 
 /// The backlog is what each slice's relay has not read past: every row
 /// behind a slice's persisted cursor is delivered or set aside (a cursor
-/// never passes a row still to publish), so the rows still `pending` or
-/// `retryable_failed` are all after it — one range scan of the
+/// never passes a row still to publish; herald-store's `delivered`), so the
+/// backlog is the `pending` and `retryable_failed` rows after it — one range scan of the
 /// `(slice, xid, seq)` index per slice (SQLite `(slice, seq)`), as long as
 /// the backlog, whatever the outbox holds behind it. The cursors go in as
 /// literals: with them the planner sees how short each range is (as a join
@@ -83,18 +84,21 @@ pub async fn outbox(reading: &mut Reading, now_ms: i64) -> Result<Outbox, StoreE
 /// with JIT, which alone costs a quarter of a second). A cursor that moves
 /// on meanwhile only makes the range longer than needed, never wrong.
 async fn backlog_sql(reading: &mut Reading) -> Result<String, StoreError> {
+    let backend = reading.backend();
     let mut ranges = Vec::new();
-    for r in rows(reading, "SELECT slice, cursor_lo, cursor_seq FROM relay_slices ORDER BY slice").await? {
-        let slice: i32 = r.try_get("slice")?;
-        let after_cursor = match reading.backend() {
+    for SliceCursor { slice, cursor } in delivered::cursors(reading.conn()).await? {
+        let after_cursor = match backend {
             Backend::Postgres => {
-                let lo = format!("CAST({} AS pg_snapshot)", literal(&r.try_get::<String, _>("cursor_lo")?));
+                let lo = format!("CAST({} AS pg_snapshot)", literal(&cursor.lo));
                 format!("xid >= pg_snapshot_xmin({lo}) AND NOT pg_visible_in_snapshot(xid, {lo})")
             }
-            Backend::Sqlite => format!("seq > {}", r.try_get::<i64, _>("cursor_seq")?),
+            Backend::Sqlite => format!("seq > {}", cursor.seq),
         };
+        // Rows of the step under way that the cursor passed are delivered.
+        let in_step = delivered::not_passed_within_step(backend, &cursor);
         ranges.push(format!(
-            "SELECT status, created_at_ms FROM outbox WHERE slice = {slice} AND {after_cursor} AND status IN ('pending', 'retryable_failed')"
+            "SELECT status, created_at_ms FROM outbox WHERE slice = {slice} AND {after_cursor} AND {in_step} \
+             AND status IN ('pending', 'retryable_failed')"
         ));
     }
     Ok(format!(

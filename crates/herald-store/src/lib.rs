@@ -10,6 +10,7 @@
 
 mod db;
 pub mod dead_letter;
+pub mod delivered;
 mod error;
 pub mod generations;
 pub mod inbox;

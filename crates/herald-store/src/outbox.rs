@@ -186,10 +186,10 @@ pub async fn set_back(tx: &mut Tx<'_>, setbacks: &[Setback]) -> Result<(), Store
     Ok(())
 }
 
-/// Rows per status, for reports and tests.
+/// Rows per status as an operator means it (see [`crate::delivered`]: a
+/// row the relay's cursor passed is delivered), for reports and tests.
 pub async fn count_by_status(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE status = $1").bind(status).fetch_one(db.pool()).await?;
-    Ok(row.try_get("n")?)
+    crate::delivered::count(db, status).await
 }
 
 /// `$start, $start+1, …` — sqlx's `Any` driver has no array binds.
@@ -213,17 +213,17 @@ pub struct Listed {
     pub next_attempt_at_ms: Option<i64>,
 }
 
-/// Rows in `status`, oldest first. Not indexed on purpose (an index on the
-/// status would cost every relay write more than this costs an operator).
+/// Rows in `status` (as [`crate::delivered`] derives it), oldest first. Not
+/// indexed on purpose (an index on the status would cost every relay write
+/// more than this costs an operator).
 pub async fn list(db: &Db, status: &str, limit: i64) -> Result<Vec<Listed>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT seq, source, event_id, event_type, topic, partition_key, status, attempts, last_error, \
-         created_at_ms, next_attempt_at_ms FROM outbox WHERE status = $1 ORDER BY seq LIMIT $2",
-    )
-    .bind(status)
-    .bind(limit)
-    .fetch_all(db.pool())
-    .await?;
+    let derived = crate::delivered::status_sql(db.backend());
+    let sql = format!(
+        "SELECT * FROM (SELECT o.seq, o.source, o.event_id, o.event_type, o.topic, o.partition_key, {derived} AS status, \
+         o.attempts, o.last_error, o.created_at_ms, o.next_attempt_at_ms FROM {}) AS listed WHERE status = $1 ORDER BY seq LIMIT $2",
+        crate::delivered::FROM_OUTBOX
+    );
+    let rows = sqlx::query(&sql).bind(status).bind(limit).fetch_all(db.pool()).await?;
     rows.iter()
         .map(|r| {
             Ok(Listed {

@@ -95,10 +95,13 @@ async fn audit_then_tamper(url: &str, brokers: &str, topics: &Topics, prefix: &s
 
     // 3. A delivered completion's outbox row is deleted.
     let (lost_event, lost_job): (String, String) = {
-        let row = sqlx::query("SELECT event_id, subject FROM outbox WHERE event_type = 'herald.export.completed' AND status = 'delivered' AND subject <> $1 ORDER BY seq LIMIT 1")
-            .bind(&doc_job)
-            .fetch_one(db.pool())
-            .await?;
+        let sql = format!(
+            "SELECT o.event_id, o.subject FROM {} WHERE o.event_type = 'herald.export.completed' AND {} = 'delivered' \
+             AND o.subject <> $1 ORDER BY o.seq LIMIT 1",
+            herald_store::delivered::FROM_OUTBOX,
+            herald_store::delivered::status_sql(db.backend())
+        );
+        let row = sqlx::query(&sql).bind(&doc_job).fetch_one(db.pool()).await?;
         (row.try_get("event_id")?, row.try_get("subject")?)
     };
     sqlx::query("DELETE FROM outbox WHERE event_id = $1").bind(&lost_event).execute(db.pool()).await?;

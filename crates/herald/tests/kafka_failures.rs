@@ -31,11 +31,15 @@ use tokio_util::sync::CancellationToken;
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 40;
-const DELIVERED: &str = "SELECT COUNT(*) AS n FROM outbox WHERE status = 'delivered'";
 
 fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| "warn".into());
     let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
+}
+
+/// Rows the relay's cursor passed (or an older release marked delivered).
+async fn delivered(db: &Db) -> anyhow::Result<i64> {
+    Ok(herald_store::outbox::count_by_status(db, herald_store::outbox::DELIVERED).await?)
 }
 
 async fn count(db: &Db, sql: &str) -> anyhow::Result<i64> {
@@ -122,7 +126,7 @@ impl RunningRelay {
 /// order, copies beyond the first carrying the same ids.
 async fn check_published(db: &Db, brokers: &str, topic: &str, committed: &Committed) -> anyhow::Result<Vec<Record>> {
     let total: usize = committed.values().map(Vec::len).sum();
-    assert_eq!(count(db, DELIVERED).await?, total as i64, "every row delivered");
+    assert_eq!(delivered(db).await?, total as i64, "every row delivered");
     let records = read_all(brokers, topic, PARTITIONS)?;
     let ids: BTreeSet<&str> = records.iter().map(|r| r.ce_id.as_str()).collect();
     assert_eq!(ids.len(), total, "each committed event is in the topic, and nothing else");
@@ -152,16 +156,14 @@ async fn leader_killed_while_the_relay_publishes_loses_no_acknowledged_event() -
     let writer = tokio::spawn(write(db.clone(), topic.clone(), Some(EVENTS), CancellationToken::new()));
 
     // The kill lands while the relays are mid-stream: a fifth delivered.
-    wait_until("a fifth of the rows delivered", Duration::from_secs(120), || async {
-        Ok(count(&db, DELIVERED).await? >= EVENTS as i64 / 5)
-    })
-    .await?;
+    wait_until("a fifth of the rows delivered", Duration::from_secs(120), || async { Ok(delivered(&db).await? >= EVENTS as i64 / 5) })
+        .await?;
     let leader = cluster.leader_of(&topic, 0)?;
-    let delivered_at_kill = count(&db, DELIVERED).await?;
+    let delivered_at_kill = delivered(&db).await?;
     tokio::task::block_in_place(|| cluster.kill(leader))?;
     println!("SIGKILLed node {leader} (leader of {topic}/0) at {delivered_at_kill} of {EVENTS} delivered");
     let committed = writer.await??;
-    wait_until("every row delivered", Duration::from_secs(180), || async { Ok(count(&db, DELIVERED).await? == EVENTS as i64) }).await?;
+    wait_until("every row delivered", Duration::from_secs(180), || async { Ok(delivered(&db).await? == EVENTS as i64) }).await?;
     assert!(delivered_at_kill < EVENTS as i64, "the kill fell inside the run");
     for relay in relays {
         relay.stop().await?;
@@ -170,7 +172,7 @@ async fn leader_killed_while_the_relay_publishes_loses_no_acknowledged_event() -
     assert_ne!(new_leader, leader, "another replica leads the partition");
 
     let records = check_published(&db, &brokers, &topic, &committed).await?;
-    assert_eq!(count(&db, "SELECT COUNT(*) AS n FROM outbox WHERE status <> 'delivered'").await?, 0, "nothing set aside");
+    assert_eq!(herald_store::delivered::count_except(&db, herald_store::outbox::DELIVERED).await?, 0, "nothing set aside");
     println!("{} records for {EVENTS} events after the leader's SIGKILL", records.len());
     Ok(())
 }
@@ -191,8 +193,8 @@ async fn nodes_restarted_under_a_live_idempotent_producer() -> anyhow::Result<()
     // rolling upgrade (SIGTERM: controlled shutdown). The producer keeps
     // its id throughout; each step starts once the previous node caught up.
     for id in 1..=3 {
-        let before = count(&db, DELIVERED).await?;
-        wait_until("the relay to move on", Duration::from_secs(120), || async { Ok(count(&db, DELIVERED).await? > before + 100) }).await?;
+        let before = delivered(&db).await?;
+        wait_until("the relay to move on", Duration::from_secs(120), || async { Ok(delivered(&db).await? > before + 100) }).await?;
         tokio::task::block_in_place(|| -> anyhow::Result<()> {
             if id == 1 {
                 cluster.kill(id)?;
@@ -205,12 +207,12 @@ async fn nodes_restarted_under_a_live_idempotent_producer() -> anyhow::Result<()
             Ok(tokio::task::block_in_place(|| cluster.health(Duration::from_secs(5)))?.under_replicated == 0)
         })
         .await?;
-        println!("node {id} restarted at {} delivered", count(&db, DELIVERED).await?);
+        println!("node {id} restarted at {} delivered", delivered(&db).await?);
     }
     stop_writing.cancel();
     let committed = writer.await??;
     let total: usize = committed.values().map(Vec::len).sum();
-    wait_until("every row delivered", Duration::from_secs(180), || async { Ok(count(&db, DELIVERED).await? == total as i64) }).await?;
+    wait_until("every row delivered", Duration::from_secs(180), || async { Ok(delivered(&db).await? == total as i64) }).await?;
     let stats = relay.stats.clone();
     relay.stop().await?;
 
@@ -274,8 +276,7 @@ async fn relay_cut_off_from_postgres_past_its_lease_records_nothing() -> anyhow:
     }
     // Delivering all 400 needs every slice, the parked one included: the
     // steady relay got them only after the cut-off relay's lease expired.
-    wait_until("the steady relay to deliver everything", Duration::from_secs(120), || async { Ok(count(&db, DELIVERED).await? == 400) })
-        .await?;
+    wait_until("the steady relay to deliver everything", Duration::from_secs(120), || async { Ok(delivered(&db).await? == 400) }).await?;
     let fenced_before = cut_relay.stats.fenced.load(Ordering::SeqCst);
 
     proxy.heal();
@@ -350,7 +351,7 @@ async fn whole_cluster_down_for_30s_then_everything_drains_once() -> anyhow::Res
                     && count(&db, &applied("search")).await? == n
                     && count(&db, &applied("stats")).await? == n
                     && count(&db, &applied("notify")).await? == n
-                    && count(&db, "SELECT COUNT(*) AS n FROM outbox WHERE status <> 'delivered'").await? == 0)
+                    && herald_store::delivered::count_except(&db, herald_store::outbox::DELIVERED).await? == 0)
             }
         }
     };

@@ -58,14 +58,14 @@ const INTENTS: &str = "SELECT COUNT(*) FROM notification_intents WHERE job_id = 
 const SENT: &str = "SELECT COUNT(*) FROM notification_intents WHERE job_id = $1 AND status = 'sent'";
 /// Everything the job caused has been through the relay, the notify inbox
 /// and the dispatchers.
-const SETTLED: &str = "SELECT (SELECT COUNT(*) FROM outbox WHERE status <> 'delivered') \
-    + (SELECT COUNT(*) FROM notification_intents WHERE status = 'pending') \
+const SETTLED: &str = "SELECT (SELECT COUNT(*) FROM notification_intents WHERE status = 'pending') \
     + (SELECT COUNT(*) FROM outbox o WHERE o.event_type = 'herald.export.completed' AND o.subject = $1 \
        AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.subscription = 'notify' AND i.event_id = o.event_id))";
 
 async fn settle(db: &Db, job_id: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while count(db, SETTLED, job_id).await? != 0 || count(db, SENT, job_id).await? == 0 {
+    let owed = async || herald_store::delivered::count_except(db, herald_store::outbox::DELIVERED).await;
+    while owed().await? != 0 || count(db, SETTLED, job_id).await? != 0 || count(db, SENT, job_id).await? == 0 {
         anyhow::ensure!(Instant::now() < deadline, "the notification path never settled");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

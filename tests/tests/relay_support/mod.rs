@@ -120,9 +120,25 @@ impl Bench {
         Ok(sqlx::query(sql).fetch_one(self.db.pool()).await?.try_get::<i64, _>("n")?)
     }
 
+    /// A row's status as an operator means it (the relay's cursor passing a
+    /// row delivers it: `herald_store::delivered`) and its attempts.
     pub async fn status_of(&self, event_id: &str) -> anyhow::Result<(String, i32)> {
-        let row = sqlx::query("SELECT status, attempts FROM outbox WHERE event_id = $1").bind(event_id).fetch_one(self.db.pool()).await?;
+        let sql = format!(
+            "SELECT {} AS status, o.attempts FROM {} WHERE o.event_id = $1",
+            herald_store::delivered::status_sql(self.db.backend()),
+            herald_store::delivered::FROM_OUTBOX
+        );
+        let row = sqlx::query(&sql).bind(event_id).fetch_one(self.db.pool()).await?;
         Ok((row.try_get("status")?, row.try_get("attempts")?))
+    }
+
+    /// `COUNT(*) AS n` of the rows delivered, derived from the cursors.
+    pub fn delivered(&self) -> String {
+        format!(
+            "SELECT COUNT(*) AS n FROM {} WHERE {} = 'delivered'",
+            herald_store::delivered::FROM_OUTBOX,
+            herald_store::delivered::status_sql(self.db.backend())
+        )
     }
 
     /// Polls until `sql` (a `COUNT(*) AS n`) reaches `want`, or fails.

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use herald_consumer::{Fingerprint, HandlerError, Projection};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
+use herald_store::delivered::Settled;
 use herald_store::{Backend, Db, StoreError, Tx};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
@@ -57,8 +58,8 @@ impl Projection for Search {
         verify::fingerprint(tx, generation).await
     }
 
-    async fn verify_source(&self, db: &Db, generation: i64, settled_before_ms: i64) -> Result<Option<Vec<String>>, StoreError> {
-        Ok(Some(verify::against_jobs(db, generation, settled_before_ms).await?))
+    async fn verify_source(&self, db: &Db, generation: i64, settled: &Settled) -> Result<Option<Vec<String>>, StoreError> {
+        Ok(Some(verify::against_jobs(db, generation, settled).await?))
     }
 }
 

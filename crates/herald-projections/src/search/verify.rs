@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use herald_consumer::Fingerprint;
+use herald_store::delivered::Settled;
 use herald_store::{Db, StoreError, Tx};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
@@ -57,12 +58,12 @@ struct Job {
 }
 
 /// What `generation` must agree with, from the jobs table and the outbox:
-/// every job whose completion (deletion) was delivered before
-/// `settled_before_ms` — so its record is below the boundary — has a row
+/// every job whose completion (deletion) was delivered by the time
+/// `settled` was taken — so its record is below the boundary — has a row
 /// (a tombstone); every document is a succeeded (or since deleted) job's,
 /// with its result and caller; every tombstone is a deleted job's. Facts
 /// delivered later may or may not be in: either is right.
-pub(super) async fn against_jobs(db: &Db, generation: i64, settled_before_ms: i64) -> Result<Vec<String>, StoreError> {
+pub(super) async fn against_jobs(db: &Db, generation: i64, settled: &Settled) -> Result<Vec<String>, StoreError> {
     let mut tx = db.begin().await?;
     let docs: BTreeMap<String, Doc> =
         sqlx::query("SELECT job_id, caller, result_id, deleted_at_ms FROM search_documents WHERE generation = $1")
@@ -89,17 +90,16 @@ pub(super) async fn against_jobs(db: &Db, generation: i64, settled_before_ms: i6
             ))
         })
         .collect::<Result<_, sqlx::Error>>()?;
-    let settled = |event_type: &'static str| {
-        sqlx::query("SELECT DISTINCT subject FROM outbox WHERE event_type = $1 AND status = 'delivered' AND delivered_at_ms < $2")
-            .bind(event_type)
-            .bind(settled_before_ms)
-    };
-    let completed: BTreeSet<String> =
-        settled("herald.export.completed").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
-    let deleted: BTreeSet<String> =
-        settled("herald.export.deleted").fetch_all(&mut *tx).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+    let sql = format!("SELECT DISTINCT subject FROM outbox WHERE event_type = $1 AND {}", settled.outbox_filter(db.backend()));
+    let completed = subjects(&mut tx, &sql, "herald.export.completed").await?;
+    let deleted = subjects(&mut tx, &sql, "herald.export.deleted").await?;
     tx.commit().await?;
     Ok(problems(generation, &docs, &jobs, &completed, &deleted))
+}
+
+async fn subjects(tx: &mut Tx<'_>, sql: &str, event_type: &str) -> Result<BTreeSet<String>, StoreError> {
+    let rows = sqlx::query(sql).bind(event_type).fetch_all(&mut **tx).await?;
+    Ok(rows.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?)
 }
 
 fn problems(

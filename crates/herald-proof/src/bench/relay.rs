@@ -295,7 +295,7 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
     println!("Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %", vs_raw * 100.0);
     if let Some([r, p, w]) = herald.split {
         println!(
-            "Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % recording progress",
+            "Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % waiting for progress writes (beyond the next read)",
             r * 100.0,
             p * 100.0,
             w * 100.0

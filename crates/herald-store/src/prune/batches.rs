@@ -5,7 +5,8 @@
 use sqlx::Row;
 
 use crate::dead_letter::{DISCARDED, REDRIVEN};
-use crate::outbox::{DELIVERED, placeholders};
+use crate::delivered::{self, FROM_OUTBOX};
+use crate::outbox::{DEAD_LETTERED, DELIVERED, FAILED, placeholders};
 use crate::{Backend, Db, StoreError};
 
 /// What one batch removed and whether to call again.
@@ -23,26 +24,30 @@ impl Batch {
     }
 }
 
-/// Delivered outbox rows delivered before `before_ms`, in the window of
-/// `window` rows after sequence `after`. The outbox is walked in sequence
-/// order by its primary key: no index on the delivery time is needed (one
-/// would cost every delivery a non-HOT update), pending and set-aside rows
-/// are stepped over and stay, and the walk stops at the first window that
-/// ends in a row created after the cutoff (later rows are later still).
+/// Delivered outbox rows older than `before_ms`, in the window of `window`
+/// rows after sequence `after`. A row is dated by `delivered_at_ms` where an
+/// older release wrote it, and otherwise — the relay's cursor passed it (see
+/// [`crate::delivered`]) — by `created_at_ms`: both are at or after the
+/// event's time, which is what the horizons rely on. The outbox is walked in
+/// sequence order by its primary key: no index on the status or a time is
+/// needed, pending and set-aside rows are stepped over and stay, and the
+/// walk stops at the first window that ends in a row created after the
+/// cutoff (later rows are later still).
 pub async fn outbox(db: &Db, before_ms: i64, after: i64, window: i64) -> Result<Batch, StoreError> {
-    let rows = sqlx::query("SELECT seq, status, delivered_at_ms, created_at_ms FROM outbox WHERE seq > $1 ORDER BY seq LIMIT $2")
-        .bind(after)
-        .bind(window)
-        .fetch_all(db.pool())
-        .await?;
+    let sql = format!(
+        "SELECT o.seq, {} AS status, o.delivered_at_ms, o.created_at_ms FROM {FROM_OUTBOX} WHERE o.seq > $1 ORDER BY o.seq LIMIT $2",
+        delivered::status_sql(db.backend())
+    );
+    let rows = sqlx::query(&sql).bind(after).bind(window).fetch_all(db.pool()).await?;
     let mut seen = Vec::with_capacity(rows.len());
     for row in &rows {
         let status: String = row.try_get("status")?;
+        let created_at_ms: i64 = row.try_get("created_at_ms")?;
         let delivered_at: Option<i64> = row.try_get("delivered_at_ms")?;
         seen.push(Seen {
             seq: row.try_get("seq")?,
-            doomed: status == DELIVERED && delivered_at.is_some_and(|at| at < before_ms),
-            created_at_ms: row.try_get("created_at_ms")?,
+            doomed: status == DELIVERED && delivered_at.unwrap_or(created_at_ms) < before_ms,
+            created_at_ms,
         });
     }
     let (doomed, next) = walk(&seen, before_ms);
@@ -74,18 +79,20 @@ async fn delete_seqs(db: &Db, seqs: &[i64]) -> Result<u64, StoreError> {
     }
     if db.backend() == Backend::Postgres {
         let list = seqs.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
-        // Re-checked: a redrive may have re-appended a row since it was read.
-        let done = sqlx::query("DELETE FROM outbox WHERE seq = ANY(CAST($1 AS TEXT)::BIGINT[]) AND status = $2")
+        // Re-checked: never a row set aside (a cursor only moves forward, so
+        // a row it passed stays passed).
+        let done = sqlx::query("DELETE FROM outbox WHERE seq = ANY(CAST($1 AS TEXT)::BIGINT[]) AND status NOT IN ($2, $3)")
             .bind(format!("{{{list}}}"))
-            .bind(DELIVERED)
+            .bind(FAILED)
+            .bind(DEAD_LETTERED)
             .execute(db.pool())
             .await?;
         return Ok(done.rows_affected());
     }
     let mut removed = 0;
     for chunk in seqs.chunks(500) {
-        let sql = format!("DELETE FROM outbox WHERE status = $1 AND seq IN ({})", placeholders(2, chunk.len()));
-        let mut query = sqlx::query(&sql).bind(DELIVERED);
+        let sql = format!("DELETE FROM outbox WHERE status NOT IN ($1, $2) AND seq IN ({})", placeholders(3, chunk.len()));
+        let mut query = sqlx::query(&sql).bind(FAILED).bind(DEAD_LETTERED);
         for seq in chunk {
             query = query.bind(*seq);
         }

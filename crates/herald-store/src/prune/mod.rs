@@ -19,7 +19,8 @@ use crate::{Backend, Db, StoreError, Tx};
 /// A kind of row a prune removes, and the column that dates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kind {
-    /// Delivered outbox rows, by `delivered_at_ms`.
+    /// Delivered outbox rows, by `delivered_at_ms` where a release before
+    /// v0.11.0 wrote it, else by `created_at_ms`.
     Outbox,
     /// Inbox rows, by `processed_at_ms`.
     Inbox,

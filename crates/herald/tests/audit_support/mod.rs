@@ -164,7 +164,7 @@ impl Pipeline {
     pub async fn settle(&self, expected: &[(&str, i64)]) -> anyhow::Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         loop {
-            let mut done = count(&self.db, "SELECT COUNT(*) FROM outbox WHERE status <> 'delivered'").await? == 0;
+            let mut done = herald_store::delivered::count_except(&self.db, herald_store::outbox::DELIVERED).await? == 0;
             for (sql, n) in expected {
                 done &= count(&self.db, sql).await? == *n;
             }
