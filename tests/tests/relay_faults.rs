@@ -277,9 +277,15 @@ async fn a_commit_wakes_an_idle_relay_without_waiting_for_its_poll() -> anyhow::
     // Listening, and every slice read once, found nothing and now waits.
     wait_until("listening and idle", || async { Ok(stat(&relay.stats.listening) == 1 && stat(&relay.stats.idle) >= 16) }).await?;
     let started = std::time::Instant::now();
+    let idle_before = stat(&relay.stats.idle);
     let second = b.append(&["notify"]).await?;
     wait_until("the row delivered", || async { Ok(b.status_of(&second[0]).await?.0 == outbox::DELIVERED) }).await?;
     assert!(started.elapsed() < Duration::from_secs(10), "woken after {:?}", started.elapsed());
+    // The notification names the slice written: the others sleep on (each
+    // woken slice would read, find nothing and wait again).
+    wait_until("the woken slice idle again", || async { Ok(stat(&relay.stats.idle) > idle_before) }).await?;
+    let woken = stat(&relay.stats.idle) - idle_before;
+    assert!(woken < 16, "{woken} slices woke for one row");
     relay.stop().await
 }
 

@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use herald_kafka::KafkaConfig;
 use herald_store::Db;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -22,7 +21,7 @@ pub(crate) struct Shared {
     pub publisher: Publisher,
     pub config: RelayConfig,
     pub counters: Arc<RelayCounters>,
-    pub wake: watch::Sender<u64>,
+    pub wake: Arc<wake::Wake>,
 }
 
 pub struct Relay {
@@ -38,8 +37,7 @@ struct Held {
 impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
         let publisher = Publisher::new(kafka, &config.producer).map_err(RelayError::Producer)?;
-        let (wake, _) = watch::channel(0);
-        let shared = Shared { db, publisher, config, counters: Arc::default(), wake };
+        let shared = Shared { db, publisher, config, counters: Arc::default(), wake: Arc::new(wake::Wake::new()) };
         Ok(Relay { shared: Arc::new(shared) })
     }
 

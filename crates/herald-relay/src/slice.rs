@@ -39,7 +39,7 @@ pub(crate) enum End {
 
 pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationToken) -> End {
     let mut worker = Worker {
-        wake: shared.wake.subscribe(),
+        wake: shared.wake.subscribe(claim.slice),
         persisted: claim.cursor.clone(),
         cursor: claim.cursor.clone(),
         idle: shared.config.idle_min,

@@ -1,6 +1,9 @@
 //! Waking idle slices when rows commit: PostgreSQL `LISTEN herald_outbox`
-//! (the outbox's insert trigger notifies at commit). The polling in
-//! `slice.rs` stays as the fallback for lost notifications and for SQLite.
+//! (the outbox's insert trigger notifies at commit, one notification per
+//! slice written, the slice as payload — migration 0019). Only that slice's
+//! task wakes; a notification without a slice (the trigger of an older
+//! schema) wakes them all. The polling in `slice.rs` stays as the fallback
+//! for lost notifications and for SQLite.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -13,14 +16,42 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::RelayCounters;
+use crate::claims::SLICES;
 
 pub const CHANNEL: &str = "herald_outbox";
+
+/// One wake-up channel per slice.
+pub(crate) struct Wake(Vec<watch::Sender<u64>>);
+
+impl Wake {
+    pub fn new() -> Wake {
+        Wake((0..SLICES).map(|_| watch::channel(0).0).collect())
+    }
+
+    pub fn subscribe(&self, slice: i32) -> watch::Receiver<u64> {
+        self.0[usize::try_from(slice).unwrap_or(0) % self.0.len()].subscribe()
+    }
+
+    /// Wakes the slice a notification names, or every slice.
+    fn notified(&self, payload: &str) {
+        match payload.trim().parse::<usize>() {
+            Ok(slice) if slice < self.0.len() => self.0[slice].send_modify(|n| *n += 1),
+            _ => self.all(),
+        }
+    }
+
+    fn all(&self) {
+        for sender in &self.0 {
+            sender.send_modify(|n| *n += 1);
+        }
+    }
+}
 
 /// Listens until `stop`, bumping `wake` on every notification. Reconnects
 /// after errors, and bumps `wake` then: notifications sent while it was away
 /// are lost, so every slice should look once. (Not on the first connection:
 /// slices read once when they start anyway.)
-pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, counters: Arc<RelayCounters>, stop: CancellationToken) {
+pub(crate) async fn listen(db: Db, wake: Arc<Wake>, counters: Arc<RelayCounters>, stop: CancellationToken) {
     if db.backend() != Backend::Postgres {
         return;
     }
@@ -34,14 +65,14 @@ pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, counters: Arc<Relay
                     debug!("listening for outbox notifications");
                     counters.listening.store(1, Ordering::Relaxed);
                     if reconnect {
-                        wake.send_modify(|n| *n += 1);
+                        wake.all();
                     }
                     reconnect = true;
                     loop {
                         tokio::select! {
                             _ = stop.cancelled() => return,
                             received = listener.recv() => match received {
-                                Ok(_) => wake.send_modify(|n| *n += 1),
+                                Ok(notification) => wake.notified(notification.payload()),
                                 Err(e) => {
                                     warn!(error = %e, "notification listener failed; reconnecting");
                                     counters.listening.store(0, Ordering::Relaxed);
@@ -58,5 +89,24 @@ pub(crate) async fn listen(db: Db, wake: watch::Sender<u64>, counters: Arc<Relay
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notification_wakes_its_slice_or_all_of_them() {
+        let wake = Wake::new();
+        let mut three = wake.subscribe(3);
+        let four = wake.subscribe(4);
+        wake.notified("3");
+        assert!(three.has_changed().unwrap_or(false) && !four.has_changed().unwrap_or(true));
+        three.borrow_and_update();
+        wake.notified("");
+        assert!(three.has_changed().unwrap_or(false) && four.has_changed().unwrap_or(false), "an older trigger's empty payload wakes all");
+        wake.notified("99");
+        assert!(four.has_changed().unwrap_or(false));
     }
 }

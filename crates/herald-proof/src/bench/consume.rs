@@ -17,13 +17,14 @@ use anyhow::Context;
 use clap::Args;
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::{ExportCompleted, OutboxEvent};
-use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
+use herald_kafka::{KafkaConfig, Topics};
 use herald_projections::search::{self, Search};
 use herald_store::{Db, inbox, now_ms};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::broker::BenchBroker;
 use super::memory::{self, Memory};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
@@ -58,6 +59,9 @@ pub struct ConsumeBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// A Kafka cluster instead of the in-process mock (topics of the run's own).
+    #[command(flatten)]
+    pub kafka: herald_wiring::connection::KafkaArgs,
 }
 
 /// Events/s the issue asks of the search subscription on a 2-core machine.
@@ -86,6 +90,8 @@ struct Rates {
     consume_eps: f64,
     publish_eps: f64,
     memory: Option<Memory>,
+    /// Where the records were: the mock cluster or a bootstrap list.
+    broker: String,
 }
 
 /// Runs every measurement `rounds` times, interleaved, on fresh records
@@ -100,10 +106,11 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
     let memory_prefix = format!("bench-{run_id}-memory");
     let for_memory = Topics::with_prefix(&memory_prefix);
     let all: Vec<&str> = rounds.iter().chain([&for_memory]).flat_map(|t| t.all()).collect();
-    let embedded = EmbeddedKafka::start(1, &all, args.partitions)?;
-    let kafka = KafkaConfig::new(embedded.bootstrap_servers());
+    let broker = BenchBroker::start(&args.kafka, &all, args.partitions).await?;
+    let kafka = broker.kafka.clone();
     let producer = workload::producer(&kafka)?;
-    let mut best = Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0, memory: None };
+    let mut best =
+        Rates { raw_consume_eps: 0.0, raw_insert_eps: 0.0, consume_eps: 0.0, publish_eps: 0.0, memory: None, broker: broker.describe() };
     for (round, topics) in rounds.iter().enumerate() {
         let tag = format!("{run_id}r{round}");
         let events = workload::completions(&topics.events, &tag, n)?;
@@ -120,16 +127,16 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
         best.consume_eps = best.consume_eps.max(consume_eps);
     }
     if args.memory_events > 0 {
-        let bootstrap = embedded.bootstrap_servers().to_owned();
-        best.memory = Some(consume_memory(&db, url, &producer, &bootstrap, &memory_prefix, args.memory_events as usize, run_id).await?);
+        best.memory =
+            Some(consume_memory(&db, url, &producer, &broker.bootstrap, &memory_prefix, args.memory_events as usize, run_id).await?);
     }
     db.close().await;
-    drop(embedded);
+    drop(broker);
     Ok(best)
 }
 
 /// Receives `n` records with Herald's consumer settings and does nothing else.
-async fn raw_consume(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<f64> {
+pub(crate) async fn raw_consume(kafka: &KafkaConfig, topic: &str, n: usize) -> anyhow::Result<f64> {
     let consumer: StreamConsumer = kafka.consumer(&format!("bench-raw-{}", uuid::Uuid::new_v4())).create()?;
     consumer.subscribe(&[topic])?;
     let mut first = None;
@@ -307,7 +314,7 @@ impl Rates {
     fn to_json(&self, args: &ConsumeBenchArgs) -> serde_json::Value {
         json!({
             "events": args.events, "partitions": args.partitions, "batch": args.batch,
-            "rounds": args.rounds, "lanes": args.lanes,
+            "rounds": args.rounds, "lanes": args.lanes, "broker": self.broker,
             "consume_eps": self.consume_eps.round(),
             "raw_consume_eps": self.raw_consume_eps.round(),
             "raw_insert_eps": self.raw_insert_eps.round(),
@@ -324,8 +331,8 @@ impl Rates {
 
     fn print(&self, args: &ConsumeBenchArgs) {
         println!(
-            "herald bench consume — {} events × {} rounds (best round shown), PostgreSQL + in-process Kafka ({} partitions), {} events per transaction, {} lanes\n",
-            args.events, args.rounds, args.partitions, args.batch, args.lanes
+            "herald bench consume — {} events × {} rounds (best round shown), PostgreSQL + Kafka ({}, {} partitions), {} events per transaction, {} lanes\n",
+            args.events, args.rounds, self.broker, args.partitions, args.batch, args.lanes
         );
         println!("  {:<58} {:>10} {:>12} {:>13}", "measurement", "events/s", "÷ raw insert", "÷ raw consume");
         let row = |name: &str, eps: f64| {

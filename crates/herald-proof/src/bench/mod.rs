@@ -9,10 +9,14 @@
 //! - `search`: search latency over 1M documents, the relay beside a search flood.
 //! - `status`: one status refresh over 10M outbox rows.
 //! - `prune`: the relay and the search subscription beside a prune of a million rows.
+//! - `latency`: commit → readable search document at fixed offered loads, per stage.
 //! - [`workload`]: the records they (and tests) publish.
 
+mod broker;
 pub mod consume;
+mod latency;
 mod memory;
+mod probes;
 mod prune;
 pub mod rebuild;
 mod relay;
@@ -46,6 +50,8 @@ pub enum BenchCommand {
     Status(status::StatusBenchArgs),
     /// The relay's and the search subscription's rates during a prune of a million rows, vs quiet.
     Prune(prune::PruneBenchArgs),
+    /// Commit → readable search document at offered loads (default 1,000 and 10,000 events/s), per stage.
+    Latency(latency::LatencyBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -56,5 +62,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Search(args) => search::run(args).await,
         BenchCommand::Status(args) => status::run(args).await,
         BenchCommand::Prune(args) => prune::run(args).await,
+        BenchCommand::Latency(args) => latency::run(args).await,
     }
 }

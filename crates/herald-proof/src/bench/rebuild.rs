@@ -2,7 +2,8 @@
 //! new search generation on PostgreSQL, next to the live search
 //! subscription's rate and the raw batched insert rate, all in one run.
 //!
-//! One run: publish N completions to the in-process mock cluster; the live
+//! One run: publish N completions to the in-process mock cluster (or the
+//! cluster given with `--kafka`); the live
 //! search subscription builds generation 1 from them (timed); `rebuild` then
 //! builds generation 2 — replay to the boundary, the live subscription's
 //! positions (timed from the start of the replay phase to its end), verify,
@@ -19,7 +20,7 @@ use chrono::Utc;
 use clap::Args;
 use herald_consumer::{Subscription, SubscriptionOptions};
 use herald_envelope::OutboxEvent;
-use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
+use herald_kafka::{KafkaConfig, Topics};
 use herald_projections::search;
 use herald_rebuild::replay::{DEFAULT_BATCH, ReplayProgress};
 use herald_rebuild::{Progress, RebuildOptions, Search, SwitchMode, rebuild};
@@ -27,7 +28,8 @@ use herald_store::{Db, inbox};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::consume::{raw_insert, timed_search_subscription};
+use super::broker::BenchBroker;
+use super::consume::{raw_consume, raw_insert, timed_search_subscription};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
 
@@ -48,6 +50,9 @@ pub struct RebuildBenchArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// A Kafka cluster instead of the in-process mock (topics of the run's own).
+    #[command(flatten)]
+    pub kafka: herald_wiring::connection::KafkaArgs,
 }
 
 /// Events/s the issue asks of a replay through the shared engine on a 2-core machine.
@@ -61,6 +66,9 @@ struct Figures {
     rebuild_eps: f64,
     rebuild_total_secs: f64,
     raw_insert_eps: f64,
+    raw_consume_eps: f64,
+    /// Where the records were: the mock cluster or a bootstrap list.
+    broker: String,
 }
 
 pub async fn run(args: RebuildBenchArgs) -> anyhow::Result<ExitCode> {
@@ -94,8 +102,8 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let db = Db::connect_and_migrate(url).await?;
     let run = uuid::Uuid::now_v7().simple().to_string()[24..].to_owned();
     let topics = Topics::with_prefix(&format!("bench-{run}"));
-    let embedded = EmbeddedKafka::start(1, &topics.all(), args.partitions)?;
-    let kafka = KafkaConfig::new(embedded.bootstrap_servers());
+    let broker = BenchBroker::start(&args.kafka, &topics.all(), args.partitions).await?;
+    let kafka = broker.kafka.clone();
     let producer = workload::producer(&kafka)?;
 
     let started = Instant::now();
@@ -104,6 +112,9 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     }
     let publish_eps = n as f64 / started.elapsed().as_secs_f64();
     eprintln!("published {n} events ({publish_eps:.0}/s)");
+
+    let raw_consume_eps = raw_consume(&kafka, &topics.events, n).await?;
+    eprintln!("raw consume: {raw_consume_eps:.0}/s");
 
     let group_prefix = format!("bench-{run}");
     let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n).await?;
@@ -121,8 +132,8 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let raw_insert_eps = n as f64 / raw_secs;
     eprintln!("raw batched insert: {raw_insert_eps:.0}/s");
     db.close().await;
-    drop(embedded);
-    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps })
+    let broker = broker.describe();
+    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps, raw_consume_eps, broker })
 }
 
 /// The live search subscription (defaults: batches of 1000, 2 lanes) until
@@ -178,8 +189,10 @@ async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchAr
 impl Figures {
     fn to_json(&self, args: &RebuildBenchArgs) -> serde_json::Value {
         json!({
-            "events": args.events, "partitions": args.partitions, "batch": args.batch,
+            "events": args.events, "partitions": args.partitions, "batch": args.batch, "broker": self.broker,
             "rebuild_eps": self.rebuild_eps.round(),
+            "raw_consume_eps": self.raw_consume_eps.round(),
+            "rebuild_vs_raw_consume": round2(self.rebuild_eps / self.raw_consume_eps),
             "live_consume_eps": self.live_consume_eps.round(),
             "raw_insert_eps": self.raw_insert_eps.round(),
             "publish_eps": self.publish_eps.round(),
@@ -193,11 +206,12 @@ impl Figures {
 
     fn print(&self, args: &RebuildBenchArgs) {
         println!(
-            "herald bench rebuild — {} events, PostgreSQL + in-process Kafka ({} partitions), replay batches of {}\n",
-            args.events, args.partitions, args.batch
+            "herald bench rebuild — {} events, PostgreSQL + Kafka ({}, {} partitions), replay batches of {}\n",
+            args.events, self.broker, args.partitions, args.batch
         );
         println!("  {:<72} {:>10} {:>12}", "measurement", "events/s", "÷ raw insert");
         let row = |name: &str, eps: f64| println!("  {:<72} {:>10.0} {:>12.2}", name, eps, eps / self.raw_insert_eps);
+        row("raw consume: receive the records, nothing else (raw rdkafka client)", self.raw_consume_eps);
         row("raw batched insert: inbox row + document per event", self.raw_insert_eps);
         row("live search subscription: decode, inbox, document, offsets", self.live_consume_eps);
         row("rebuild replay (engine): read, decode, document, positions", self.rebuild_eps);

@@ -17,12 +17,13 @@ use chrono::Utc;
 use clap::Args;
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald_envelope::OutboxEvent;
-use herald_kafka::{EmbeddedKafka, KafkaConfig};
+use herald_kafka::KafkaConfig;
 use herald_relay::{Relay, RelayConfig, RelayCounters};
 use herald_store::{Backend, Db, outbox};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
+use super::broker::BenchBroker;
 use super::memory::{self, Memory};
 use crate::scratch::ScratchDb;
 use herald_secret::SecretUrl;
@@ -68,19 +69,10 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let (_mock, kafka, topic, bootstrap) = match (args.kafka.connect().await?, &args.kafka.brokers) {
-        (Some(kafka), Some(brokers)) => {
-            let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-            herald_kafka::ensure_topics(&kafka, &[&topic], herald_kafka::TopicSettings::partitions(args.partitions)).await?;
-            (None, kafka, topic, brokers.clone())
-        }
-        _ => {
-            let embedded = EmbeddedKafka::start(1, &[TOPIC], args.partitions)?;
-            let kafka = KafkaConfig::new(embedded.bootstrap_servers());
-            let bootstrap = embedded.bootstrap_servers().to_owned();
-            (Some(embedded), kafka, TOPIC.to_owned(), bootstrap)
-        }
-    };
+    // A topic of the run's own: a real cluster keeps what earlier runs wrote.
+    let topic = format!("{TOPIC}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let broker = BenchBroker::start(&args.kafka, &[&topic], args.partitions).await?;
+    let (kafka, bootstrap) = (broker.kafka.clone(), broker.bootstrap.clone());
 
     let raw = raw_producer(&kafka, &topic, &events(&topic, args.events)?).await?;
     let (scratch, db) = scratch_db(&server).await?;

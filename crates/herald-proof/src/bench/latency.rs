@@ -1,0 +1,377 @@
+//! `herald bench latency`: what a user feels — the time from an outbox
+//! append's commit to the search document being readable — at fixed offered
+//! loads, through the whole pipeline: outbox on PostgreSQL → Herald's relay →
+//! Kafka → the search subscription → a reader.
+//!
+//! Each load runs for `--seconds` on topics of its own: a writer commits a
+//! small transaction of outbox rows every 10 ms (the load spread evenly),
+//! and about 200 events per second are probes, whose moments are noted
+//! ([`super::probes`]): committed, readable by a plain consumer of the topic,
+//! visible to a reader polling the search inbox every 2 ms (the inbox row
+//! commits with the document). The reader's poll adds up to 2 ms; the
+//! subscription itself collects a batch for at most 20 ms after its first
+//! record (`SubscriptionOptions::max_wait`). Without `--kafka`, a private
+//! three-node Apache Kafka cluster is started from `HERALD_KAFKA_HOME`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use chrono::Utc;
+use clap::Args;
+use herald_cluster::Cluster;
+use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
+use herald_envelope::OutboxEvent;
+use herald_kafka::{KafkaConfig, TopicSettings, Topics};
+use herald_projections::search::{self, Search};
+use herald_relay::{Relay, RelayConfig};
+use herald_store::{Db, inbox, outbox};
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::probes::{Probes, Summary, percentiles, round1, stage_json};
+use super::workload;
+use crate::scratch::on_scratch_postgres;
+
+#[derive(Debug, Clone, Args)]
+pub struct LatencyBenchArgs {
+    /// Offered loads in events per second, run one after the other.
+    #[arg(long, value_delimiter = ',', default_values_t = [1000u32, 10_000], value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub rates: Vec<u32>,
+    /// Seconds each load is offered.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub seconds: u64,
+    /// Partitions of the topic.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=64))]
+    pub partitions: i32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// A PostgreSQL server; a scratch database is created on it and dropped.
+    #[command(flatten)]
+    pub database: herald_wiring::connection::DatabaseArgs,
+    /// A Kafka cluster (default: three private nodes from HERALD_KAFKA_HOME).
+    #[command(flatten)]
+    pub kafka: herald_wiring::connection::KafkaArgs,
+}
+
+/// Targets of issue 20, item 4: end-to-end p99 per offered load.
+const TARGETS_MS: [(u32, f64); 2] = [(1000, 50.0), (10_000, 250.0)];
+const PROBES_PER_SEC: u32 = 200;
+const TICK: Duration = Duration::from_millis(10);
+const READ_EVERY: Duration = Duration::from_millis(2);
+
+/// The figures of one offered load.
+struct Load {
+    rate: u32,
+    offered_eps: f64,
+    appended: usize,
+    probes: usize,
+    summary: Summary,
+    /// The raw rdkafka client at the same load: send → readable.
+    raw: Summary,
+}
+
+pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
+    let args = &args;
+    let (_cluster, _dir, kafka, broker) = match (args.kafka.connect().await?, &args.kafka.brokers) {
+        (Some(kafka), Some(brokers)) => (None, None, kafka, brokers.clone()),
+        _ => {
+            let home = match herald_cluster::kafka_home_from_env() {
+                Ok(home) => home,
+                Err(e) => {
+                    eprintln!("error: `herald bench latency` needs --kafka BROKERS, or the broker's jars to start three nodes: {e:#}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let dir = tempfile::tempdir()?;
+            eprintln!("starting a three-node Apache Kafka cluster from {}", home.display());
+            let cluster = tokio::task::block_in_place(|| Cluster::start(&home, dir.path(), 3))?;
+            let bootstrap = cluster.bootstrap();
+            (Some(cluster), Some(dir), KafkaConfig::new(&bootstrap), format!("three private nodes, {bootstrap}"))
+        }
+    };
+    let kafka = &kafka;
+    on_scratch_postgres(
+        args.database.url.as_ref(),
+        |url| async move {
+            let db = Db::connect_and_migrate(&url).await?;
+            let mut loads = Vec::new();
+            for &rate in &args.rates {
+                loads.push(one_load(&db, &url, kafka, args, rate).await?);
+            }
+            db.close().await;
+            Ok(loads)
+        },
+        |loads: Vec<Load>| {
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&to_json(&loads, &broker))?);
+            } else {
+                print(&loads, &broker, args);
+            }
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// Offers `rate` events/s for `args.seconds` through a relay and a search
+/// subscription of their own; checks every event arrived exactly once.
+async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> anyhow::Result<Load> {
+    let run = &uuid::Uuid::now_v7().simple().to_string()[20..];
+    let topics = Topics::with_prefix(&format!("latency-{run}"));
+    herald_kafka::ensure_topics(kafka, &topics.all(), TopicSettings::partitions(args.partitions)).await?;
+    let stop = CancellationToken::new();
+    let probes = Probes::default();
+    // The relay and the subscription each get a pool of their own, as
+    // processes of their own would; the writer and the reader share one.
+    let relay_db = Db::connect(url).await?;
+    let relay = Relay::new(relay_db.clone(), kafka, RelayConfig { owner: format!("latency-{run}"), ..RelayConfig::default() })?;
+    let relay = tokio::spawn({
+        let stop = stop.clone();
+        async move { relay.run(stop).await }
+    });
+    let sub = Subscription::new(search::SUBSCRIPTION, &format!("latency-{run}"), kafka, &[topics.events.as_str()]);
+    let subscription_db = Db::connect(url).await?;
+    let subscription = tokio::spawn({
+        let (db, stop) = (subscription_db.clone(), stop.clone());
+        async move {
+            let handler = herald_wiring::subscriptions::live(Search, &sub);
+            herald_consumer::run_subscription(&sub, &db, &handler, &SubscriptionOptions::default(), &Metrics::default(), stop).await
+        }
+    });
+    let seen = Arc::new(AtomicU64::new(0));
+    let observer = tokio::spawn(observe(kafka.clone(), topics.events.clone(), probes.clone(), seen.clone(), stop.clone()));
+    let reader = tokio::spawn(read_visible(db.clone(), probes.clone(), stop.clone()));
+
+    // One event through before the clock starts: both groups have joined.
+    let before = inbox::count(db, search::SUBSCRIPTION).await?;
+    append(db, &topics.events, &format!("{run}-warm"), 0, 1, &Probes::default(), 1).await?;
+    wait_for(db, before + 1, Duration::from_secs(120)).await.context("the warm-up event never became visible")?;
+    observed(&seen, 1).await?;
+
+    let started = Instant::now();
+    let appended = offer(db, &topics.events, run, rate, args.seconds, &probes).await?;
+    let offered_eps = appended as f64 / started.elapsed().as_secs_f64();
+    let want = before + 1 + appended as i64;
+    wait_for(db, want, Duration::from_secs(120)).await.context("not every event became visible")?;
+    let quiet = Instant::now() + Duration::from_secs(30);
+    while !probes.outstanding(1).is_empty() && Instant::now() < quiet {
+        tokio::time::sleep(READ_EVERY).await;
+    }
+    stop.cancel();
+    relay.await?;
+    subscription.await??;
+    observer.await??;
+    reader.await??;
+    relay_db.close().await;
+    subscription_db.close().await;
+    let applied = inbox::count(db, search::SUBSCRIPTION).await?;
+    anyhow::ensure!(applied == want, "the search inbox holds {applied} events, {want} were appended");
+    let owed = herald_store::delivered::count_except(db, outbox::DELIVERED).await?;
+    anyhow::ensure!(owed == 0, "{owed} outbox rows not delivered");
+    let raw = raw_client(kafka, args, rate).await?;
+    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw })
+}
+
+/// The floor on this cluster: a plain producer (Herald's settings: acks=all,
+/// idempotent, linger 5 ms) sending the same load, and the same observer.
+async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> anyhow::Result<Summary> {
+    let topic = format!("latency-raw-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    herald_kafka::ensure_topics(kafka, &[&topic], TopicSettings::partitions(args.partitions)).await?;
+    let (probes, stop) = (Probes::default(), CancellationToken::new());
+    let seen = Arc::new(AtomicU64::new(0));
+    let observer = tokio::spawn(observe(kafka.clone(), topic.clone(), probes.clone(), seen.clone(), stop.clone()));
+    // One record through before the clock starts: the observer has joined.
+    let producer = workload::producer(kafka)?;
+    let warm = OutboxEvent::new(&topic, "warm", &workload::completion("warm", 0), Utc::now())?;
+    workload::publish(&producer, std::slice::from_ref(&warm)).await?;
+    observed(&seen, 1).await?;
+    let per_tick = f64::from(rate) * TICK.as_secs_f64();
+    let probe_every = (rate / PROBES_PER_SEC).max(1) as usize;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let (mut owed, mut sent, mut acks) = (0.0, 0usize, Vec::new());
+    let end = Instant::now() + Duration::from_secs(args.seconds);
+    while Instant::now() < end {
+        tick.tick().await;
+        owed += per_tick;
+        let n = owed.floor() as usize;
+        owed -= n as f64;
+        let events: Vec<OutboxEvent> = (sent..sent + n)
+            .map(|i| Ok(OutboxEvent::new(&topic, &format!("raw-{i}"), &workload::completion("raw", i), Utc::now())?))
+            .collect::<anyhow::Result<_>>()?;
+        let at = Instant::now();
+        let ids: Vec<String> = (sent..sent + n).zip(&events).filter(|(i, _)| i % probe_every == 0).map(|(_, e)| e.id.clone()).collect();
+        probes.committed(&ids, at);
+        let producer = producer.clone();
+        acks.push(tokio::spawn(async move { workload::publish(&producer, &events).await }));
+        sent += n;
+    }
+    for ack in acks {
+        ack.await??;
+    }
+    let quiet = Instant::now() + Duration::from_secs(30);
+    while probes.summary().commit_to_topic.len() < probes.count() && Instant::now() < quiet {
+        tokio::time::sleep(READ_EVERY).await;
+    }
+    stop.cancel();
+    observer.await??;
+    Ok(probes.summary())
+}
+
+/// Commits `rate / 100` events every 10 ms for `seconds`, the fractions
+/// carried over; a late tick is caught up at once, so the offered load holds.
+async fn offer(db: &Db, topic: &str, run: &str, rate: u32, seconds: u64, probes: &Probes) -> anyhow::Result<usize> {
+    let per_tick = f64::from(rate) * TICK.as_secs_f64();
+    let probe_every = (rate / PROBES_PER_SEC).max(1) as usize;
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let (mut owed, mut appended) = (0.0, 0usize);
+    let end = Instant::now() + Duration::from_secs(seconds);
+    while Instant::now() < end {
+        tick.tick().await;
+        owed += per_tick;
+        let n = owed.floor() as usize;
+        owed -= n as f64;
+        if n > 0 {
+            append(db, topic, run, appended, n, probes, probe_every).await?;
+            appended += n;
+        }
+    }
+    Ok(appended)
+}
+
+/// Events `from..from + n` of the run in one transaction; every
+/// `probe_every`-th is a probe, noted committed once the commit returned.
+async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize, probes: &Probes, probe_every: usize) -> anyhow::Result<()> {
+    let events: Vec<OutboxEvent> = (from..from + n)
+        .map(|i| {
+            let data = workload::completion(run, i);
+            Ok(OutboxEvent::new(topic, &data.job_id, &data, Utc::now())?)
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let mut tx = db.begin().await?;
+    outbox::append_many(&mut tx, &events).await?;
+    tx.commit().await?;
+    let at = Instant::now();
+    let ids: Vec<String> = (from..from + n).zip(&events).filter(|(i, _)| i % probe_every == 0).map(|(_, e)| e.id.clone()).collect();
+    probes.committed(&ids, at);
+    Ok(())
+}
+
+/// A plain consumer of the topic: when each probe's record is readable.
+async fn observe(kafka: KafkaConfig, topic: String, probes: Probes, seen: Arc<AtomicU64>, stop: CancellationToken) -> anyhow::Result<()> {
+    let consumer: StreamConsumer = kafka.consumer(&format!("latency-observer-{}", uuid::Uuid::new_v4())).create()?;
+    consumer.subscribe(&[&topic])?;
+    loop {
+        let message = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            m = consumer.recv() => m?,
+        };
+        let at = Instant::now();
+        seen.fetch_add(1, Ordering::SeqCst);
+        let id = message.headers().and_then(|h| h.iter().find(|h| h.key == "ce_id").and_then(|h| h.value.map(<[u8]>::to_vec)));
+        if let Some(id) = id.and_then(|v| String::from_utf8(v).ok()) {
+            probes.on_topic(&id, at);
+        }
+    }
+}
+
+/// A reader: every 2 ms, which of the oldest outstanding probes the search
+/// inbox shows (its row commits with the document).
+async fn read_visible(db: Db, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
+    let mut tick = tokio::time::interval(READ_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while !stop.is_cancelled() {
+        tick.tick().await;
+        let open = probes.outstanding(200);
+        if open.is_empty() {
+            continue;
+        }
+        let list = open.iter().map(|id| format!("'{}'", id.replace('\'', "''"))).collect::<Vec<_>>().join(", ");
+        let sql = format!("SELECT event_id FROM inbox WHERE subscription = $1 AND event_id IN ({list})");
+        let rows = sqlx::query(&sql).bind(search::SUBSCRIPTION).fetch_all(db.pool()).await?;
+        let at = Instant::now();
+        let seen: Vec<String> = rows.iter().map(|r| sqlx::Row::try_get(r, "event_id")).collect::<Result<_, _>>()?;
+        probes.visible(&seen, at);
+    }
+    Ok(())
+}
+
+/// Until the observer has read `n` records.
+async fn observed(seen: &AtomicU64, n: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while seen.load(Ordering::SeqCst) < n {
+        anyhow::ensure!(Instant::now() < deadline, "the topic observer read nothing in 120 s");
+        tokio::time::sleep(READ_EVERY).await;
+    }
+    Ok(())
+}
+
+async fn wait_for(db: &Db, applied: i64, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while inbox::count(db, search::SUBSCRIPTION).await? < applied {
+        anyhow::ensure!(Instant::now() < deadline, "timed out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn target_of(rate: u32) -> Option<f64> {
+    TARGETS_MS.iter().find(|(r, _)| *r == rate).map(|(_, ms)| *ms)
+}
+
+fn to_json(loads: &[Load], broker: &str) -> serde_json::Value {
+    let rates: Vec<serde_json::Value> = loads
+        .iter()
+        .map(|l| {
+            let [p50, p99, max] = percentiles(&l.summary.end_to_end);
+            json!({
+                "rate": l.rate, "offered_eps": l.offered_eps.round(), "events": l.appended, "probes": l.probes,
+                "p50_ms": round1(p50), "p99_ms": round1(p99), "max_ms": round1(max),
+                "target_p99_ms": target_of(l.rate),
+                "meets_target": target_of(l.rate).map(|t| p99 < t),
+                "stages": {
+                    "commit_to_topic": stage_json(&l.summary.commit_to_topic),
+                    "topic_to_visible": stage_json(&l.summary.topic_to_visible),
+                    "raw_send_to_readable": stage_json(&l.raw.commit_to_topic),
+                },
+            })
+        })
+        .collect();
+    json!({ "broker": broker, "rates": rates })
+}
+
+fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
+    println!("herald bench latency — {} s per load, {} partitions, Kafka: {broker}\n", args.seconds, args.partitions);
+    println!("| offered events/s | stage | p50 ms | p99 ms | max ms | samples |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    for l in loads {
+        for (stage, samples) in [
+            ("commit → record readable on the topic", &l.summary.commit_to_topic),
+            ("record readable → document visible", &l.summary.topic_to_visible),
+            ("end to end: commit → document visible", &l.summary.end_to_end),
+            ("raw rdkafka client: send → readable (the floor)", &l.raw.commit_to_topic),
+        ] {
+            let [p50, p99, max] = percentiles(samples);
+            println!("| {:.0} | {stage} | {p50:.1} | {p99:.1} | {max:.1} | {} |", l.offered_eps, samples.len());
+        }
+    }
+    println!();
+    for l in loads {
+        if let Some(target) = target_of(l.rate) {
+            let [_, p99, _] = percentiles(&l.summary.end_to_end);
+            println!(
+                "{} events/s: end-to-end p99 {p99:.1} ms, target < {target:.0} ms: {}",
+                l.rate,
+                if p99 < target { "met" } else { "NOT met" }
+            );
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! Timing probes for `herald bench latency`: some of the events appended are
+//! probes, and each probe's three moments are noted — its transaction
+//! committed, its record was readable by a consumer of the topic, its inbox
+//! row (committed with its search document) was visible to a reader.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+/// What is known of one probe.
+#[derive(Debug, Clone, Copy, Default)]
+struct Moments {
+    committed: Option<Instant>,
+    on_topic: Option<Instant>,
+    visible: Option<Instant>,
+}
+
+/// Every probe of one load, by event id. Shared by the writer, the topic
+/// observer and the reader.
+#[derive(Clone, Default)]
+pub(crate) struct Probes(Arc<Mutex<HashMap<String, Moments>>>);
+
+impl Probes {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Moments>) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn committed(&self, ids: &[String], at: Instant) {
+        self.with(|m| ids.iter().for_each(|id| m.entry(id.clone()).or_default().committed = Some(at)));
+    }
+
+    /// A record was read off the topic: noted if it is a probe's.
+    pub fn on_topic(&self, id: &str, at: Instant) {
+        self.with(|m| {
+            if let Some(p) = m.get_mut(id) {
+                p.on_topic.get_or_insert(at);
+            }
+        });
+    }
+
+    pub fn visible(&self, ids: &[String], at: Instant) {
+        self.with(|m| {
+            for id in ids {
+                if let Some(p) = m.get_mut(id) {
+                    p.visible.get_or_insert(at);
+                }
+            }
+        });
+    }
+
+    /// Up to `limit` committed probes not yet visible, oldest first.
+    pub fn outstanding(&self, limit: usize) -> Vec<String> {
+        self.with(|m| {
+            let mut open: Vec<(Instant, &String)> =
+                m.iter().filter(|(_, p)| p.visible.is_none()).filter_map(|(id, p)| p.committed.map(|t| (t, id))).collect();
+            open.sort();
+            open.into_iter().take(limit).map(|(_, id)| id.clone()).collect()
+        })
+    }
+
+    pub fn count(&self) -> usize {
+        self.with(|m| m.len())
+    }
+
+    /// Latencies of every probe, per stage it was seen through.
+    pub fn summary(&self) -> Summary {
+        let mut s = Summary::default();
+        self.with(|m| {
+            for p in m.values() {
+                let Some(c) = p.committed else { continue };
+                if let Some(t) = p.on_topic {
+                    s.commit_to_topic.push(t.saturating_duration_since(c));
+                    if let Some(v) = p.visible {
+                        s.topic_to_visible.push(v.saturating_duration_since(t));
+                    }
+                }
+                if let Some(v) = p.visible {
+                    s.end_to_end.push(v.saturating_duration_since(c));
+                }
+            }
+        });
+        s
+    }
+}
+
+/// Latencies of one load.
+#[derive(Debug, Default)]
+pub(crate) struct Summary {
+    pub end_to_end: Vec<Duration>,
+    pub commit_to_topic: Vec<Duration>,
+    pub topic_to_visible: Vec<Duration>,
+}
+
+/// p50, p99 and max in milliseconds; zeros when empty.
+pub(crate) fn percentiles(samples: &[Duration]) -> [f64; 3] {
+    if samples.is_empty() {
+        return [0.0; 3];
+    }
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+    [at(0.50), at(0.99), ms[ms.len() - 1]]
+}
+
+pub(crate) fn stage_json(samples: &[Duration]) -> serde_json::Value {
+    let [p50, p99, max] = percentiles(samples);
+    json!({ "p50_ms": round1(p50), "p99_ms": round1(p99), "max_ms": round1(max), "samples": samples.len() })
+}
+
+pub(crate) fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentiles(&samples), [50.0, 99.0, 100.0]);
+        assert_eq!(percentiles(&[Duration::from_millis(7)]), [7.0, 7.0, 7.0]);
+        assert_eq!(percentiles(&[]), [0.0; 3]);
+    }
+
+    #[test]
+    fn a_probe_counts_once_it_was_seen_end_to_end() {
+        let probes = Probes::default();
+        let t0 = Instant::now();
+        probes.committed(&["a".into(), "b".into()], t0);
+        probes.on_topic("a", t0 + Duration::from_millis(5));
+        probes.on_topic("not-a-probe", t0);
+        assert_eq!(probes.outstanding(10).len(), 2);
+        probes.visible(&["a".into()], t0 + Duration::from_millis(12));
+        assert_eq!(probes.outstanding(10), ["b"]);
+        let s = probes.summary();
+        assert_eq!((s.end_to_end.len(), s.commit_to_topic.len(), s.topic_to_visible.len()), (1, 1, 1));
+        probes.on_topic("b", t0 + Duration::from_millis(3));
+        assert_eq!(probes.summary().commit_to_topic.len(), 2, "a stage counts without the next one");
+        assert_eq!(s.topic_to_visible[0], Duration::from_millis(7));
+        assert_eq!(probes.count(), 2);
+    }
+}
