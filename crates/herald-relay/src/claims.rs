@@ -84,12 +84,7 @@ fn row_to_claim(row: &AnyRow) -> Result<Claim, StoreError> {
         owner: row.try_get("claim_owner")?,
         token: row.try_get("claim_token")?,
         attempt_count: row.try_get("claim_attempt_count")?,
-        cursor: Cursor {
-            lo: row.try_get("cursor_lo")?,
-            hi: row.try_get("cursor_hi")?,
-            xid: row.try_get("cursor_xid")?,
-            seq: row.try_get("cursor_seq")?,
-        },
+        cursor: Cursor::from_row(row)?,
     })
 }
 

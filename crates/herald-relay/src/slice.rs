@@ -115,10 +115,7 @@ impl Worker {
             RelayCounters::time(&self.shared.counters.read_us, started);
             // Nothing is published, and no wait begins, before the last
             // batch is recorded.
-            let started = Instant::now();
-            let recorded = self.recorded().await;
-            RelayCounters::time(&self.shared.counters.record_us, started);
-            match recorded {
+            match self.recorded().await {
                 Recorded::Lost => return End::Lost,
                 // Read again from the recorded cursor.
                 Recorded::Failed => continue,
@@ -170,25 +167,25 @@ impl Worker {
         self.recording = Some(Recording { next, settled, write });
         if stopped {
             // The next read includes the failed row: it must see its attempts.
-            let started = Instant::now();
-            let recorded = self.recorded().await;
-            RelayCounters::time(&self.shared.counters.record_us, started);
-            if recorded == Recorded::Lost {
+            if self.recorded().await == Recorded::Lost {
                 return Some(End::Lost);
             }
         }
         None
     }
 
-    /// Waits for the progress write under way, if any.
+    /// Waits for the progress write under way, if any (the wait is the
+    /// relay's `record_us`: the part of the write the next read did not hide).
     async fn recorded(&mut self) -> Recorded {
         let Some(Recording { next, settled, write }) = self.recording.take() else {
             return Recorded::Yes;
         };
+        let started = Instant::now();
         let outcome = match write.await {
             Ok(outcome) => outcome,
             Err(e) => Err(StoreError::Config(format!("progress write task failed: {e}"))),
         };
+        RelayCounters::time(&self.shared.counters.record_us, started);
         match outcome {
             Ok(Fence::Held) => {
                 self.persisted = next;

@@ -87,18 +87,9 @@ async fn backlog_sql(reading: &mut Reading) -> Result<String, StoreError> {
     let backend = reading.backend();
     let mut ranges = Vec::new();
     for SliceCursor { slice, cursor } in delivered::cursors(reading.conn()).await? {
-        let after_cursor = match backend {
-            Backend::Postgres => {
-                let lo = format!("CAST({} AS pg_snapshot)", literal(&cursor.lo));
-                format!("xid >= pg_snapshot_xmin({lo}) AND NOT pg_visible_in_snapshot(xid, {lo})")
-            }
-            Backend::Sqlite => format!("seq > {}", cursor.seq),
-        };
-        // Rows of the step under way that the cursor passed are delivered.
-        let in_step = delivered::not_passed_within_step(backend, &cursor);
+        let not_passed = delivered::not_passed(backend, &cursor);
         ranges.push(format!(
-            "SELECT status, created_at_ms FROM outbox WHERE slice = {slice} AND {after_cursor} AND {in_step} \
-             AND status IN ('pending', 'retryable_failed')"
+            "SELECT status, created_at_ms FROM outbox WHERE slice = {slice} AND {not_passed} AND status IN ('pending', 'retryable_failed')"
         ));
     }
     Ok(format!(

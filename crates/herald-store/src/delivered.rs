@@ -14,6 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
+use sqlx::any::AnyRow;
 
 use crate::outbox::{DELIVERED, PENDING, RETRYABLE_FAILED};
 use crate::{Backend, Db, StoreError};
@@ -46,6 +47,17 @@ impl Cursor {
             (_, _, None) => self.clone(),
         }
     }
+
+    /// The cursor columns of a `relay_slices` row (`cursor_lo`, `cursor_hi`,
+    /// `cursor_xid`, `cursor_seq`).
+    pub fn from_row(row: &AnyRow) -> Result<Cursor, sqlx::Error> {
+        Ok(Cursor {
+            lo: row.try_get("cursor_lo")?,
+            hi: row.try_get("cursor_hi")?,
+            xid: row.try_get("cursor_xid")?,
+            seq: row.try_get("cursor_seq")?,
+        })
+    }
 }
 
 /// One slice's persisted cursor.
@@ -59,19 +71,7 @@ pub struct SliceCursor {
 pub async fn cursors(conn: &mut sqlx::AnyConnection) -> Result<Vec<SliceCursor>, StoreError> {
     let rows =
         sqlx::query("SELECT slice, cursor_lo, cursor_hi, cursor_xid, cursor_seq FROM relay_slices ORDER BY slice").fetch_all(conn).await?;
-    rows.iter()
-        .map(|r| {
-            Ok(SliceCursor {
-                slice: r.try_get("slice")?,
-                cursor: Cursor {
-                    lo: r.try_get("cursor_lo")?,
-                    hi: r.try_get("cursor_hi")?,
-                    xid: r.try_get("cursor_xid")?,
-                    seq: r.try_get("cursor_seq")?,
-                },
-            })
-        })
-        .collect()
+    rows.iter().map(|r| Ok(SliceCursor { slice: r.try_get("slice")?, cursor: Cursor::from_row(r)? })).collect()
 }
 
 /// The outbox joined to its slices' cursors: `o` is the row, `s` its slice.
@@ -173,25 +173,32 @@ impl Settled {
     }
 }
 
-/// SQL over bare outbox columns of slice `cursor.slice`: the cursor has not
-/// passed the row (the backlog's side of a within-step position).
-pub fn not_passed_within_step(backend: Backend, cursor: &Cursor) -> String {
-    match (backend, &cursor.hi) {
-        (Backend::Postgres, Some(_)) => format!("NOT {}", passed(backend, "", &Parts::literal(cursor))),
-        _ => "TRUE".to_owned(),
+/// SQL over bare outbox columns of one slice: the rows `cursor` has not
+/// passed — the range the relay still has to read, which is where a backlog
+/// is. On PostgreSQL it starts with the `xmin` bound, so it is a range scan
+/// of the `(slice, xid, seq)` index whatever the outbox holds behind it.
+pub fn not_passed(backend: Backend, cursor: &Cursor) -> String {
+    match backend {
+        Backend::Sqlite => format!("seq > {}", cursor.seq),
+        Backend::Postgres => {
+            let lo = quote(&cursor.lo);
+            format!("xid >= pg_snapshot_xmin(CAST({lo} AS pg_snapshot)) AND NOT {}", passed(backend, "", &Parts::literal(cursor)))
+        }
     }
 }
 
 /// Rows of `status` as [`status_sql`] derives it.
 pub async fn count(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let sql = format!("SELECT COUNT(*) AS n FROM {FROM_OUTBOX} WHERE {} = $1", status_sql(db.backend()));
-    let row = sqlx::query(&sql).bind(status).fetch_one(db.pool()).await?;
-    Ok(row.try_get("n")?)
+    count_where(db, "=", status).await
 }
 
 /// Rows whose derived status is anything but `status`.
 pub async fn count_except(db: &Db, status: &str) -> Result<i64, StoreError> {
-    let sql = format!("SELECT COUNT(*) AS n FROM {FROM_OUTBOX} WHERE {} <> $1", status_sql(db.backend()));
+    count_where(db, "<>", status).await
+}
+
+async fn count_where(db: &Db, comparison: &str, status: &str) -> Result<i64, StoreError> {
+    let sql = format!("SELECT COUNT(*) AS n FROM {FROM_OUTBOX} WHERE {} {comparison} $1", status_sql(db.backend()));
     let row = sqlx::query(&sql).bind(status).fetch_one(db.pool()).await?;
     Ok(row.try_get("n")?)
 }
@@ -215,7 +222,8 @@ mod tests {
     fn literal_cursors_are_quoted_and_the_step_only_counts_with_a_hi() {
         let c = Cursor { lo: "1:1:".into(), hi: None, xid: 0, seq: 7 };
         assert_eq!(passed(Backend::Sqlite, "", &Parts::literal(&c)), "seq <= 7");
-        assert_eq!(not_passed_within_step(Backend::Postgres, &c), "TRUE");
+        assert_eq!(not_passed(Backend::Sqlite, &c), "seq > 7");
+        assert!(!not_passed(Backend::Postgres, &c).contains("<= ("), "no step under way: only the lo snapshot counts");
         let odd = Cursor { lo: "1:1:'".into(), hi: Some("5:9:".into()), xid: 6, seq: 10 };
         let sql = passed(Backend::Postgres, "", &Parts::literal(&odd));
         assert!(sql.contains("'1:1:'''"), "{sql}");

@@ -34,7 +34,7 @@ use rdkafka::message::Headers;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::probes::{Probes, Summary, percentiles, round1, stage_json};
+use super::probes::{Pace, Probes, Summary, percentiles, round1, stage_json};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
 
@@ -151,7 +151,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
 
     // One event through before the clock starts: both groups have joined.
     let before = inbox::count(db, search::SUBSCRIPTION).await?;
-    append(db, &topics.events, &format!("{run}-warm"), 0, 1, &Probes::default(), 1).await?;
+    append(db, &topics.events, &format!("{run}-warm"), 0, 1).await?;
     wait_for(db, before + 1, Duration::from_secs(120)).await.context("the warm-up event never became visible")?;
     observed(&seen, 1).await?;
 
@@ -192,23 +192,13 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
     let warm = OutboxEvent::new(&topic, "warm", &workload::completion("warm", 0), Utc::now())?;
     workload::publish(&producer, std::slice::from_ref(&warm)).await?;
     observed(&seen, 1).await?;
-    let per_tick = f64::from(rate) * TICK.as_secs_f64();
-    let probe_every = (rate / PROBES_PER_SEC).max(1) as usize;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let (mut owed, mut sent, mut acks) = (0.0, 0usize, Vec::new());
-    let end = Instant::now() + Duration::from_secs(args.seconds);
-    while Instant::now() < end {
-        tick.tick().await;
-        owed += per_tick;
-        let n = owed.floor() as usize;
-        owed -= n as f64;
+    let mut pace = Pace::new(rate, args.seconds, TICK, PROBES_PER_SEC);
+    let (mut sent, mut acks) = (0usize, Vec::new());
+    while let Some(n) = pace.due().await {
         let events: Vec<OutboxEvent> = (sent..sent + n)
             .map(|i| Ok(OutboxEvent::new(&topic, &format!("raw-{i}"), &workload::completion("raw", i), Utc::now())?))
             .collect::<anyhow::Result<_>>()?;
-        let at = Instant::now();
-        let ids: Vec<String> = (sent..sent + n).zip(&events).filter(|(i, _)| i % probe_every == 0).map(|(_, e)| e.id.clone()).collect();
-        probes.committed(&ids, at);
+        probes.committed(&pace.probe_ids(sent, events.iter().map(|e| e.id.as_str())), Instant::now());
         let producer = producer.clone();
         acks.push(tokio::spawn(async move { workload::publish(&producer, &events).await }));
         sent += n;
@@ -228,28 +218,21 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
 /// Commits `rate / 100` events every 10 ms for `seconds`, the fractions
 /// carried over; a late tick is caught up at once, so the offered load holds.
 async fn offer(db: &Db, topic: &str, run: &str, rate: u32, seconds: u64, probes: &Probes) -> anyhow::Result<usize> {
-    let per_tick = f64::from(rate) * TICK.as_secs_f64();
-    let probe_every = (rate / PROBES_PER_SEC).max(1) as usize;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let (mut owed, mut appended) = (0.0, 0usize);
-    let end = Instant::now() + Duration::from_secs(seconds);
-    while Instant::now() < end {
-        tick.tick().await;
-        owed += per_tick;
-        let n = owed.floor() as usize;
-        owed -= n as f64;
+    let mut pace = Pace::new(rate, seconds, TICK, PROBES_PER_SEC);
+    let mut appended = 0;
+    while let Some(n) = pace.due().await {
         if n > 0 {
-            append(db, topic, run, appended, n, probes, probe_every).await?;
+            let (ids, at) = append(db, topic, run, appended, n).await?;
+            probes.committed(&pace.probe_ids(appended, ids.iter().map(String::as_str)), at);
             appended += n;
         }
     }
     Ok(appended)
 }
 
-/// Events `from..from + n` of the run in one transaction; every
-/// `probe_every`-th is a probe, noted committed once the commit returned.
-async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize, probes: &Probes, probe_every: usize) -> anyhow::Result<()> {
+/// Events `from..from + n` of the run in one transaction: their ids, and
+/// when the commit returned.
+async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize) -> anyhow::Result<(Vec<String>, Instant)> {
     let events: Vec<OutboxEvent> = (from..from + n)
         .map(|i| {
             let data = workload::completion(run, i);
@@ -259,10 +242,7 @@ async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize, probes: 
     let mut tx = db.begin().await?;
     outbox::append_many(&mut tx, &events).await?;
     tx.commit().await?;
-    let at = Instant::now();
-    let ids: Vec<String> = (from..from + n).zip(&events).filter(|(i, _)| i % probe_every == 0).map(|(_, e)| e.id.clone()).collect();
-    probes.committed(&ids, at);
-    Ok(())
+    Ok((events.into_iter().map(|e| e.id).collect(), Instant::now()))
 }
 
 /// A plain consumer of the topic: when each probe's record is readable.

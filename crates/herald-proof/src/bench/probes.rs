@@ -85,6 +85,53 @@ impl Probes {
     }
 }
 
+/// An offered load: `rate` events/s as a count due every `tick`, the
+/// fractions carried over; a late tick is caught up at once, so the load
+/// holds. About `probes_per_sec` of the events are probes.
+pub(crate) struct Pace {
+    tick: tokio::time::Interval,
+    per_tick: f64,
+    owed: f64,
+    end: Instant,
+    probe_every: usize,
+}
+
+impl Pace {
+    pub fn new(rate: u32, seconds: u64, tick: Duration, probes_per_sec: u32) -> Pace {
+        let mut interval = tokio::time::interval(tick);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        Pace {
+            tick: interval,
+            per_tick: f64::from(rate) * tick.as_secs_f64(),
+            owed: 0.0,
+            end: Instant::now() + Duration::from_secs(seconds),
+            probe_every: (rate / probes_per_sec).max(1) as usize,
+        }
+    }
+
+    /// Events due at the next tick; `None` once the load's time is up.
+    pub async fn due(&mut self) -> Option<usize> {
+        if Instant::now() >= self.end {
+            return None;
+        }
+        self.tick.tick().await;
+        Some(carry(&mut self.owed, self.per_tick))
+    }
+
+    /// Ids of the probes among events `from, from + 1, …`.
+    pub fn probe_ids<'a>(&self, from: usize, ids: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+        (from..).zip(ids).filter(|(i, _)| i % self.probe_every == 0).map(|(_, id)| id.to_owned()).collect()
+    }
+}
+
+/// Whole events due after one more tick of `per_tick`; the fraction stays owed.
+fn carry(owed: &mut f64, per_tick: f64) -> usize {
+    *owed += per_tick;
+    let n = owed.floor() as usize;
+    *owed -= n as f64;
+    n
+}
+
 /// Latencies of one load.
 #[derive(Debug, Default)]
 pub(crate) struct Summary {
@@ -123,6 +170,15 @@ mod tests {
         assert_eq!(percentiles(&samples), [50.0, 99.0, 100.0]);
         assert_eq!(percentiles(&[Duration::from_millis(7)]), [7.0, 7.0, 7.0]);
         assert_eq!(percentiles(&[]), [0.0; 3]);
+    }
+
+    #[tokio::test]
+    async fn a_pace_carries_fractions_and_picks_its_probes() {
+        let mut owed = 0.0;
+        let due: Vec<usize> = (0..4).map(|_| carry(&mut owed, 2.5)).collect();
+        assert_eq!(due, [2, 3, 2, 3], "250 events/s in 10 ms ticks");
+        let pace = Pace { probe_every: 2, ..Pace::new(1, 1, Duration::from_millis(10), 1) };
+        assert_eq!(pace.probe_ids(4, ["a", "b", "c"]), ["a", "c"]);
     }
 
     #[test]
