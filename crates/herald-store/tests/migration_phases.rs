@@ -48,3 +48,37 @@ fn both_dialects_ship_the_same_versions() {
     let versions = |dialect| migrations(dialect).into_iter().map(|(v, ..)| v).collect::<Vec<_>>();
     assert_eq!(versions("postgres"), versions("sqlite"));
 }
+
+/// The bar an older release reads is the highest `readers_from` of *any*
+/// row (v0.10.0 reads it so; later releases read only contract rows). An
+/// expand row above the bar of the contractions before it would make a
+/// release that may still run refuse to start: after `herald migrate` to 19,
+/// v0.10.0 exited 2 and an upgrade's rollback failed (fixed by 0020).
+async fn expand_rows_keep_the_bar(postgres: bool) -> anyhow::Result<()> {
+    use sqlx::Row;
+    let test_db = if postgres { herald_testkit::postgres_db().await? } else { herald_testkit::sqlite_db()? };
+    let db = herald_store::Db::connect_and_migrate(&test_db.url).await?;
+    let rows = sqlx::query("SELECT version, phase, readers_from FROM schema_phases ORDER BY version").fetch_all(db.pool()).await?;
+    let mut bar = i64::from(FIRST_WITH_PHASE) - 1;
+    for row in &rows {
+        let (version, phase, readers_from): (i64, String, i64) = (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        if phase == "contract" {
+            bar = bar.max(readers_from);
+        } else {
+            assert!(readers_from <= bar, "schema {version} ({phase}) raises the bar older releases read to {readers_from} (bar {bar})");
+        }
+    }
+    let highest: i64 = sqlx::query("SELECT MAX(readers_from) AS r FROM schema_phases").fetch_one(db.pool()).await?.try_get("r")?;
+    assert_eq!(highest, bar, "what an older release reads as the bar");
+    Ok(())
+}
+
+#[tokio::test]
+async fn expand_rows_keep_the_bar_older_releases_read_postgres() -> anyhow::Result<()> {
+    expand_rows_keep_the_bar(true).await
+}
+
+#[tokio::test]
+async fn expand_rows_keep_the_bar_older_releases_read_sqlite() -> anyhow::Result<()> {
+    expand_rows_keep_the_bar(false).await
+}

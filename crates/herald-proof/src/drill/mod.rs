@@ -12,6 +12,7 @@ mod load;
 mod procs;
 mod provider;
 mod report;
+mod upgrade;
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -80,6 +81,12 @@ pub struct DrillArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// An older release's `herald` binary: a rolling upgrade instead of
+    /// random kills. Every role starts on it; this binary migrates beside
+    /// them with work in flight, replaces them one at a time, rolls the last
+    /// step back and finishes the rebuild the old release left half done.
+    #[arg(long, value_name = "HERALD")]
+    pub upgrade_from: Option<std::path::PathBuf>,
 }
 
 fn usage(message: &str) -> anyhow::Result<ExitCode> {
@@ -93,8 +100,12 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     if !positive(seconds) || !positive(args.rate) || args.kill_every.is_zero() {
         return usage("--minutes/--seconds, --rate and --kill-every must be positive");
     }
-    let Some(server) = args.database.url.as_ref().filter(|u| u.expose().starts_with("postgres")) else {
-        return usage("--database (HERALD_DATABASE_URL) must name a PostgreSQL server; the drill creates its own database there");
+    let Some(server) = args.database.url.as_ref().filter(|u| u.expose().starts_with("postgres") || u.expose().starts_with("sqlite:"))
+    else {
+        return usage(
+            "--database (HERALD_DATABASE_URL) must name a PostgreSQL server (the drill creates its own database there) \
+             or be `sqlite:` (a new file in the drill's working directory, which every role shares)",
+        );
     };
     let cluster = match (args.brokers.as_deref(), args.kafka_home.as_deref()) {
         (Some(bootstrap), _) => Cluster::Given(bootstrap),
@@ -106,6 +117,9 @@ pub async fn run(args: DrillArgs) -> anyhow::Result<ExitCode> {
     };
     if args.broker_kill_every.is_zero() {
         return usage("--broker-kill-every must be positive");
+    }
+    if let Some(old) = args.upgrade_from.as_deref().filter(|old| !old.is_file()) {
+        return usage(&format!("--upgrade-from {}: no such file", old.display()));
     }
     let work = tempfile::Builder::new().prefix("herald-drill-").tempdir()?;
     let outcome = drill(&args, Duration::from_secs_f64(seconds), server, cluster, work.path()).await;
@@ -133,8 +147,29 @@ async fn drill(
     work: &std::path::Path,
 ) -> anyhow::Result<bool> {
     // Kept after the run: the evidence an operator may want to read.
-    let url = crate::scratch::ScratchDb::create(server, "herald_drill").await?.url;
-    let db = Db::connect_and_migrate(url.expose()).await?;
+    let url = if server.expose().starts_with("sqlite:") {
+        herald_secret::SecretUrl::new(format!("sqlite://{}?mode=rwc", work.join("herald.db").display()))
+    } else {
+        crate::scratch::ScratchDb::create(server, "herald_drill").await?.url
+    };
+    let release = match &args.upgrade_from {
+        Some(old) => Some(upgrade::Release { old: old.clone(), new: std::env::current_exe()? }),
+        None => None,
+    };
+    let db = match &release {
+        None => Db::connect_and_migrate(url.expose()).await?,
+        Some(release) => {
+            // The schema the old release migrates to; the new one migrates later.
+            let migrated = tokio::process::Command::new(&release.old)
+                .arg("migrate")
+                .env("HERALD_DATABASE_URL", url.expose())
+                .stdout(std::process::Stdio::null())
+                .status()
+                .await?;
+            anyhow::ensure!(migrated.success(), "{} migrate: {migrated}", release.old.display());
+            Db::connect(url.expose()).await?
+        }
+    };
     let mut brokers = match cluster {
         Cluster::Given(bootstrap) => Brokers::given(bootstrap),
         Cluster::Start(home) => {
@@ -163,16 +198,30 @@ async fn drill(
         // output would slow a dozen processes under load.
         ("HERALD_LOG".to_owned(), std::env::var("HERALD_LOG").unwrap_or_else(|_| "info".to_owned())),
     ];
-    let mut procs = Procs::new(std::env::current_exe()?, env, work);
+    let roles_exe = match &release {
+        Some(release) => release.old.clone(),
+        None => std::env::current_exe()?,
+    };
+    let mut procs = Procs::new(roles_exe, env, work);
     for spec in specs(args.provider, api_port, &sim, &work.join("provider-ledger.sqlite"), &notify_from) {
-        procs.add(spec)?;
+        // The simulator stands for the provider: no role of Herald's.
+        match spec.role {
+            "provider-sim" => procs.add_on(spec, std::env::current_exe()?)?,
+            _ => procs.add(spec)?,
+        }
     }
     wait_http(&format!("{api}/healthz"), Duration::from_secs(60)).await.context("the API did not come up")?;
 
     let stop_load = CancellationToken::new();
     let load = tokio::spawn(load::Load::new(&api, token.expose())?.run(args.rate, stop_load.clone(), args.drain_timeout));
     let started = Instant::now();
-    chaos_loop(args, chaos, &mut procs, &mut brokers).await?;
+    let upgrade = match &release {
+        Some(release) => Some(upgrade::run(release, &db, &mut procs, &mut brokers, chaos).await?),
+        None => {
+            chaos_loop(args, chaos, &mut procs, &mut brokers).await?;
+            None
+        }
+    };
     stop_load.cancel();
     brokers.settle()?;
 
@@ -217,6 +266,7 @@ async fn drill(
         intents,
         database: url.to_string(),
         audit,
+        upgrade,
     };
     outcome.print(args.json)?;
     Ok(outcome.passed())

@@ -25,13 +25,17 @@ pub struct Spec {
 
 struct Proc {
     spec: Spec,
+    /// The `herald` binary this process runs (an upgrade drill changes it).
+    exe: PathBuf,
     child: Option<Child>,
     /// When a stopped process is started again.
     restart_at: Option<Instant>,
+    /// How many times it was started.
+    starts: u32,
 }
 
-/// How to start a `herald` process: the binary, its environment, where its
-/// output goes.
+/// How to start a `herald` process: the default binary, its environment,
+/// where its output goes.
 struct Launcher {
     exe: PathBuf,
     env: Vec<(String, String)>,
@@ -52,26 +56,48 @@ impl Procs {
         Procs { launcher: Launcher { exe, env, logs: logs.to_owned() }, procs: Vec::new(), kills: BTreeMap::new(), exits: BTreeMap::new() }
     }
 
+    /// Starts `spec` on the default binary.
     pub fn add(&mut self, spec: Spec) -> anyhow::Result<()> {
-        let mut proc = Proc { spec, child: None, restart_at: None };
+        let exe = self.launcher.exe.clone();
+        self.add_on(spec, exe)
+    }
+
+    /// Starts `spec` on `exe`; restarts use the same binary.
+    pub fn add_on(&mut self, spec: Spec, exe: PathBuf) -> anyhow::Result<()> {
+        let mut proc = Proc { spec, exe, child: None, restart_at: None, starts: 0 };
         self.launcher.spawn(&mut proc)?;
         self.procs.push(proc);
         Ok(())
+    }
+
+    /// A one-off `exe` command (`migrate`, `rebuild`) with the processes'
+    /// environment, its output to the log `name`.
+    pub fn one_off(&self, exe: &Path, name: &str, args: &[&str]) -> anyhow::Result<Command> {
+        let mut command = self.launcher.command(exe, &format!("{name}.log"))?;
+        command.args(args);
+        Ok(command)
     }
 }
 
 impl Launcher {
     fn spawn(&self, proc: &mut Proc) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.logs.join(format!("{}.log", proc.spec.name)))?;
-        let mut command = Command::new(&self.exe);
-        command.args(&proc.spec.args).stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
+        let mut command = self.command(&proc.exe, &format!("{}.log", proc.spec.name))?;
+        command.args(&proc.spec.args);
+        proc.child = Some(command.spawn().with_context(|| format!("starting {}", proc.spec.name))?);
+        proc.restart_at = None;
+        proc.starts += 1;
+        Ok(())
+    }
+
+    fn command(&self, exe: &Path, log: &str) -> anyhow::Result<Command> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.logs.join(log))?;
+        let mut command = Command::new(exe);
+        command.stdin(Stdio::null()).stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
         for key in ["HERALD_TOPIC_PREFIX", "HERALD_FAULT", "HERALD_NOTIFY_URL", "HERALD_ARTIFACTS", "HERALD_API_TOKENS"] {
             command.env_remove(key);
         }
         command.envs(self.env.iter().map(|(k, v)| (k, v)));
-        proc.child = Some(command.spawn().with_context(|| format!("starting {}", proc.spec.name))?);
-        proc.restart_at = None;
-        Ok(())
+        Ok(command)
     }
 }
 
@@ -83,6 +109,39 @@ impl Procs {
 
     pub fn name(&self, i: usize) -> &str {
         &self.procs[i].spec.name
+    }
+
+    /// How many times process `i` was started (restarts after an exit included).
+    pub fn starts(&self, i: usize) -> u32 {
+        self.procs[i].starts
+    }
+
+    pub fn role(&self, i: usize) -> &'static str {
+        self.procs[i].spec.role
+    }
+
+    /// Every process, running or not.
+    pub fn all(&self) -> std::ops::Range<usize> {
+        0..self.procs.len()
+    }
+
+    /// Stops process `i` as an operator would (SIGTERM, `grace` to drain,
+    /// then SIGKILL), then starts it on `exe`. Returns how the old one exited.
+    pub async fn replace(&mut self, i: usize, exe: &Path, grace: Duration) -> anyhow::Result<Option<i32>> {
+        let proc = &mut self.procs[i];
+        let exited = terminate(proc, grace).await;
+        proc.exe = exe.to_owned();
+        self.launcher.spawn(proc)?;
+        Ok(exited)
+    }
+
+    /// SIGSTOPs (`freeze`) or SIGCONTs process `i`: work it holds stays held,
+    /// work behind it piles up.
+    pub async fn signal(&self, i: usize, signal: &str) -> anyhow::Result<()> {
+        if let Some(pid) = self.procs[i].child.as_ref().and_then(Child::id) {
+            Command::new("kill").args([signal, &pid.to_string()]).status().await?;
+        }
+        Ok(())
     }
 
     /// SIGKILLs process `i`, counted, and schedules its restart.
@@ -152,14 +211,21 @@ impl Procs {
     }
 }
 
-/// SIGTERM (if still running), then SIGKILL after `grace`.
-async fn terminate(proc: &mut Proc, grace: Duration) {
-    let Some(mut child) = proc.child.take() else { return };
+/// SIGTERM (if still running; with SIGCONT, so a frozen process receives
+/// it), then SIGKILL after `grace`. Returns the exit code, `None` when it was
+/// not running or had to be killed.
+async fn terminate(proc: &mut Proc, grace: Duration) -> Option<i32> {
+    let mut child = proc.child.take()?;
     if let Some(pid) = child.id() {
         let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status().await;
+        let _ = Command::new("kill").args(["-CONT", &pid.to_string()]).status().await;
     }
-    if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        let _ = child.start_kill();
-        let _ = child.wait().await;
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status.ok().and_then(|s| s.code()),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            None
+        }
     }
 }

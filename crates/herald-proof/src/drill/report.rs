@@ -33,6 +33,9 @@ pub struct Outcome {
     pub targets: Vec<Target>,
     pub database: String,
     pub audit: Report,
+    /// What a rolling upgrade (`--upgrade-from`) did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<super::upgrade::UpgradeReport>,
 }
 
 impl Outcome {
@@ -47,6 +50,7 @@ impl Outcome {
             && self.violations() == 0
             && self.notification_duplicates == 0
             && self.targets.iter().all(|t| t.met)
+            && self.upgrade.as_ref().is_none_or(super::upgrade::UpgradeReport::ok)
     }
 
     pub fn print(&self, json: bool) -> anyhow::Result<()> {
@@ -112,6 +116,34 @@ impl Outcome {
         let exits: Vec<String> = self.exits.iter().map(|(role, n)| format!("{role} {n}")).collect();
         row("exits on their own", if exits.is_empty() { "0".into() } else { exits.join(", ") });
         row("broker kills", format!("{} SIGKILLed, {} restarted (one down at a time)", self.broker_kills, self.broker_restarts));
+        if let Some(u) = &self.upgrade {
+            row(
+                "upgrade",
+                format!("{} -> {} (schema {} -> {}, migrate exit {:?})", u.from, u.to, u.schema_before, u.schema_after, u.migrate_exit),
+            );
+            let f = &u.in_flight;
+            row(
+                "in flight at migrate",
+                format!(
+                    "{} outbox rows, {} completions unconsumed, {} calls under a claim, {} rebuilds building",
+                    f.pending_outbox, f.unconsumed, f.calls_under_claim, f.rebuilds_building
+                ),
+            );
+            let steps: Vec<String> = u.steps.iter().map(|s| format!("{}->{} (exit {:?})", s.process, s.to, s.stopped_exit)).collect();
+            row("steps", steps.join(", "));
+            row(
+                "restarted after their step",
+                if u.restarted_after_step.is_empty() { "none".into() } else { u.restarted_after_step.join(", ") },
+            );
+            let r = &u.rebuild;
+            row(
+                "rebuild handover",
+                format!(
+                    "generation {} {} when killed; resumed exit {:?}, active {:?}",
+                    r.generation, r.interrupted_state, r.resume_exit, r.active_after
+                ),
+            );
+        }
         row("drain", if self.settled { "settled".into() } else { format!("NOT settled: {:?}", self.progress) });
         row("violations", format!("{} ({} audit, {} intake)", self.violations(), self.audit.violations, l.violations.len()));
         row("notification duplicates", self.notification_duplicates.to_string());
