@@ -169,8 +169,16 @@ impl Db {
         Ok(())
     }
 
+    /// A transaction; on SQLite it takes the write lock at `BEGIN`. A
+    /// deferred transaction that reads and then writes fails at once with
+    /// "database is locked" when another process wrote in between (SQLite
+    /// cannot upgrade its stale snapshot, and the busy timeout does not
+    /// apply); taking the lock first makes that writer wait its turn instead.
     pub async fn begin(&self) -> Result<crate::Tx<'static>, StoreError> {
-        Ok(self.pool.begin().await?)
+        Ok(match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Backend::Postgres => self.pool.begin().await?,
+        })
     }
 
     pub async fn close(&self) {

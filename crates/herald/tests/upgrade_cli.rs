@@ -129,14 +129,8 @@ fn a_rolling_upgrade_with_work_in_flight_and_a_rollback_stays_clean_postgres() {
     rolling_upgrade(&server);
 }
 
-/// Every role shares one SQLite file (the drill's), as they can on one
-/// machine. Passes in most runs; in about one in three, some process holds
-/// SQLite's write lock past the others' 10 s busy timeout (the relays, the
-/// API, a worker and the rebuild's replay then fail with "database is
-/// locked"), which is a defect of multi-process SQLite still open in
-/// issue 24, so this does not run in `scripts/test` yet.
+/// Every role shares one SQLite file (the drill's), as they can on one machine.
 #[test]
-#[ignore = "multi-process SQLite: a write lock held past the busy timeout (issue 24, open)"]
 fn a_rolling_upgrade_with_work_in_flight_and_a_rollback_stays_clean_sqlite() {
     rolling_upgrade("sqlite:");
 }

@@ -113,7 +113,7 @@ pub struct RebuildHandover {
 pub async fn run(release: &Release, db: &Db, procs: &mut Procs, brokers: &mut Brokers, within: Duration) -> anyhow::Result<UpgradeReport> {
     let gap = within / u32::try_from(procs.all().len() + 3).unwrap_or(u32::MAX);
     let schema_before = schema_version(db).await?;
-    pace(procs, brokers, gap).await?;
+    warm_up(db, procs, brokers).await?;
     let mut rebuild = interrupt_rebuild(release, db, procs).await?;
     freeze_with_work_held(db, procs).await?;
     let in_flight = in_flight(db).await?;
@@ -160,6 +160,26 @@ async fn step(db: &Db, procs: &mut Procs, i: usize, exe: &Path, to: &'static str
     tracing::info!(process, to, ?in_flight, "upgrade: replacing");
     let stopped_exit = procs.replace(i, exe, GRACE).await?;
     Ok(Step { process, to, stopped_exit, index: i, starts: procs.starts(i), in_flight })
+}
+
+/// Search documents the old release must have applied before its rebuild:
+/// the rebuild stops at the middle one, after batches of the others.
+const HISTORY: i64 = 20;
+
+/// Waits (processes and brokers ticking) until the old release's pipeline
+/// has carried enough exports through to search.
+async fn warm_up(db: &Db, procs: &mut Procs, brokers: &mut Brokers) -> anyhow::Result<()> {
+    let sql = "SELECT COUNT(*) AS n FROM search_documents \
+               WHERE generation = (SELECT generation FROM active_generations WHERE projection = 'search')";
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let documents: i64 = sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?;
+        if documents >= HISTORY {
+            return Ok(());
+        }
+        anyhow::ensure!(Instant::now() < deadline, "only {documents} search documents after {WITHIN:?} on the old release");
+        pace(procs, brokers, Duration::from_millis(200)).await?;
+    }
 }
 
 /// Keeps processes and brokers ticking for `gap`.

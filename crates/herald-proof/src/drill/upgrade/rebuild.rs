@@ -27,7 +27,7 @@ pub async fn interrupt_rebuild(release: &Release, db: &Db, procs: &Procs) -> any
     let active: i64 = one(db, "SELECT generation AS n FROM active_generations WHERE projection = 'search'").await?;
     let next: i64 = one(db, "SELECT COALESCE(MAX(generation), 0) + 1 AS n FROM projection_generations WHERE projection = 'search'").await?;
     let documents: i64 = one(db, &format!("SELECT COUNT(*) AS n FROM search_documents WHERE generation = {active}")).await?;
-    anyhow::ensure!(documents >= 4, "only {documents} search documents: too little history to stop a rebuild half way");
+    anyhow::ensure!(documents >= 2, "only {documents} search documents: too little history to stop a rebuild half way");
     // A job in the middle of the history: the batches before it commit.
     let middle = format!(
         "SELECT job_id FROM search_documents WHERE generation = {active} ORDER BY completed_at_ms, job_id LIMIT 1 OFFSET {}",
