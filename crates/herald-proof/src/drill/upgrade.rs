@@ -134,12 +134,10 @@ pub async fn run(release: &Release, db: &Db, procs: &mut Procs, brokers: &mut Br
     pace(procs, brokers, gap).await?;
     resume_rebuild(release, db, procs, &mut rebuild).await?;
     // A process's last step started it; any start since is a restart.
-    let mut restarted_after_step: Vec<String> = steps
-        .iter()
-        .filter(|s| procs.starts(s.index) > s.starts && !steps.iter().any(|later| later.index == s.index && later.starts > s.starts))
-        .map(|s| s.process.clone())
-        .collect();
-    restarted_after_step.dedup();
+    let last_starts: std::collections::BTreeMap<usize, (u32, &str)> =
+        steps.iter().map(|s| (s.index, (s.starts, s.process.as_str()))).collect();
+    let restarted_after_step: Vec<String> =
+        last_starts.iter().filter(|(i, (starts, _))| procs.starts(**i) > *starts).map(|(_, (_, name))| (*name).to_owned()).collect();
     Ok(UpgradeReport {
         from: version(&release.old).await?,
         to: version(&release.new).await?,
@@ -173,7 +171,7 @@ async fn warm_up(db: &Db, procs: &mut Procs, brokers: &mut Brokers) -> anyhow::R
                WHERE generation = (SELECT generation FROM active_generations WHERE projection = 'search')";
     let deadline = Instant::now() + WITHIN;
     loop {
-        let documents: i64 = sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?;
+        let documents = scalar(db, sql).await?;
         if documents >= HISTORY {
             return Ok(());
         }
@@ -198,9 +196,6 @@ async fn pace(procs: &mut Procs, brokers: &mut Brokers, gap: Duration) -> anyhow
 /// freezes the relays and waits until outbox rows wait behind those.
 async fn freeze_with_work_held(db: &Db, procs: &mut Procs) -> anyhow::Result<()> {
     let of_role = |procs: &Procs, prefix: &str| procs.all().filter(|i| procs.role(*i).starts_with(prefix)).collect::<Vec<_>>();
-    for i in of_role(procs, "consume-") {
-        procs.signal(i, "-STOP").await?;
-    }
     // Dispatchers first, while intents keep coming: still held once they
     // are frozen, the call cannot finish now.
     let dispatchers = of_role(procs, "dispatch");
@@ -274,10 +269,8 @@ async fn wait_for(db: &Db, what: &str, done: impl Fn(&InFlight) -> bool) -> anyh
 async fn in_flight(db: &Db) -> anyhow::Result<InFlight> {
     let progress = drain::progress(db).await?;
     let applied = progress.applied.iter().copied().min().unwrap_or(0);
-    let building = sqlx::query("SELECT COUNT(*) AS n FROM projection_generations WHERE projection = 'search' AND state = 'building'")
-        .fetch_one(db.pool())
-        .await?
-        .try_get("n")?;
+    let building =
+        scalar(db, "SELECT COUNT(*) AS n FROM projection_generations WHERE projection = 'search' AND state = 'building'").await?;
     Ok(InFlight {
         pending_outbox: progress.unsent_outbox,
         unconsumed: (progress.completions - applied).max(0),
@@ -289,12 +282,16 @@ async fn in_flight(db: &Db) -> anyhow::Result<InFlight> {
 async fn calls_under_claim(db: &Db) -> anyhow::Result<i64> {
     let sql = "SELECT COUNT(*) AS n FROM notification_intents \
                WHERE status = 'pending' AND claim_owner IS NOT NULL AND call_started_at_ms IS NOT NULL";
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
+    scalar(db, sql).await
 }
 
 async fn schema_version(db: &Db) -> anyhow::Result<i64> {
-    let sql = "SELECT MAX(version) AS v FROM _sqlx_migrations WHERE success";
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("v")?)
+    Ok(herald_store::schema::found(db).await?.applied.unwrap_or(0))
+}
+
+/// The one number `sql` selects, named `n`.
+pub(super) async fn scalar(db: &Db, sql: &str) -> anyhow::Result<i64> {
+    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
 }
 
 async fn version(exe: &Path) -> anyhow::Result<String> {

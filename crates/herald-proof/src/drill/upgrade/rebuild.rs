@@ -19,14 +19,15 @@ use herald_store::{Backend, Db};
 use sqlx::Row;
 use tokio::process::Command;
 
-use super::{RebuildHandover, Release, WITHIN};
+use super::{RebuildHandover, Release, WITHIN, scalar};
 use crate::drill::procs::Procs;
 
 /// Starts the old release's rebuild, holds it half way, kills it.
 pub async fn interrupt_rebuild(release: &Release, db: &Db, procs: &Procs) -> anyhow::Result<RebuildHandover> {
-    let active: i64 = one(db, "SELECT generation AS n FROM active_generations WHERE projection = 'search'").await?;
-    let next: i64 = one(db, "SELECT COALESCE(MAX(generation), 0) + 1 AS n FROM projection_generations WHERE projection = 'search'").await?;
-    let documents: i64 = one(db, &format!("SELECT COUNT(*) AS n FROM search_documents WHERE generation = {active}")).await?;
+    let active: i64 = scalar(db, "SELECT generation AS n FROM active_generations WHERE projection = 'search'").await?;
+    let next: i64 =
+        scalar(db, "SELECT COALESCE(MAX(generation), 0) + 1 AS n FROM projection_generations WHERE projection = 'search'").await?;
+    let documents: i64 = scalar(db, &format!("SELECT COUNT(*) AS n FROM search_documents WHERE generation = {active}")).await?;
     anyhow::ensure!(documents >= 2, "only {documents} search documents: too little history to stop a rebuild half way");
     // A job in the middle of the history: the batches before it commit.
     let middle = format!(
@@ -103,7 +104,7 @@ pub async fn resume_rebuild(release: &Release, db: &Db, procs: &Procs, handover:
         .rev()
         .find_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()?.get("report").cloned())
         .unwrap_or_default();
-    handover.active_after = Some(one(db, "SELECT generation AS n FROM active_generations WHERE projection = 'search'").await?);
+    handover.active_after = Some(scalar(db, "SELECT generation AS n FROM active_generations WHERE projection = 'search'").await?);
     Ok(())
 }
 
@@ -132,9 +133,5 @@ async fn copy_into_generation(db: &Db, next: i64) -> anyhow::Result<String> {
 async fn replay_waits_on_the_gate(db: &Db) -> anyhow::Result<bool> {
     let sql = "SELECT COUNT(*) AS n FROM pg_stat_activity \
                WHERE datname = current_database() AND wait_event_type = 'Lock' AND query ILIKE '%search_documents%'";
-    Ok(one(db, sql).await? > 0)
-}
-
-async fn one(db: &Db, sql: &str) -> anyhow::Result<i64> {
-    Ok(sqlx::query(sql).fetch_one(db.pool()).await?.try_get("n")?)
+    Ok(scalar(db, sql).await? > 0)
 }
