@@ -64,6 +64,31 @@ async fn refused_produce_requests_are_retried_with_the_same_event_id() -> anyhow
     Ok(())
 }
 
+/// A broker answers a produce request with DUPLICATE_SEQUENCE_NUMBER when the
+/// batch's sequence lies before the first batch it has cached for the
+/// producer. After a leader change that happens to records that were never
+/// written: the new leader took the producer's later batch as its first
+/// (KIP-360 lets a producer it does not know start at any sequence), and the
+/// retried earlier batch then looks like a duplicate. librdkafka reports such
+/// a message delivered, without an offset. The drill lost an event this way
+/// (a 3-node cluster, a leader killed while a relay's first batch to the
+/// partition waited for it). Only a delivery with an offset proves a write.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_success_without_an_offset_is_not_taken_for_a_write() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    b.kafka.produce_errors(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_DUPLICATE_SEQUENCE_NUMBER])?;
+    let ids = b.append(&["dup-seq"]).await?;
+    let relay = b.start(config("dup-seq"))?;
+    b.wait_count(&b.delivered(), 1).await?;
+    relay.stop().await?;
+
+    let records = b.records()?;
+    assert_eq!(first_occurrences_by_key(&records).get("dup-seq"), Some(&ids), "the delivered row's record is in Kafka: {records:?}");
+    let (_, attempts) = b.status_of(&ids[0]).await?;
+    assert!(attempts >= 1, "the unconfirmed send counts as a failed attempt: {attempts}");
+    Ok(())
+}
+
 /// Loses the acknowledgement of the first batch, as if the relay died between
 /// the broker's ack and the progress write.
 fn lose_first_ack() -> Hook {

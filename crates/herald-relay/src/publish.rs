@@ -78,6 +78,16 @@ impl Publisher {
     }
 }
 
+/// A delivery without an offset: librdkafka's reading of the broker's
+/// DUPLICATE_SEQUENCE_NUMBER. The broker says so when a batch's sequence lies
+/// before the first batch it has cached for the producer — which after a
+/// leader change can be a batch that was never written (the new leader took
+/// a later batch as the producer's first; KIP-360 lets a producer it does
+/// not know start at any sequence). So it is not proof of a write: the row
+/// goes out again under the same event id, and a duplicate, if it was
+/// written after all, is absorbed by the consumers' inboxes.
+const UNCONFIRMED: &str = "acknowledged as a duplicate sequence without an offset; not proof of a write";
+
 async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, Result<(), PublishError>> {
     let message = match row.event.to_kafka_record() {
         Ok(message) => message,
@@ -89,7 +99,8 @@ async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, 
             Ok(delivery) => {
                 return async move {
                     match delivery.await {
-                        Ok(Ok(_)) => Ok(()),
+                        Ok(Ok(delivery)) if delivery.offset >= 0 => Ok(()),
+                        Ok(Ok(_)) => Err(PublishError::retryable(UNCONFIRMED)),
                         Ok(Err((e, _))) => Err(PublishError::from_kafka(&e)),
                         Err(_) => Err(PublishError::retryable("producer dropped the delivery report")),
                     }
