@@ -132,7 +132,7 @@ pub async fn run_subscription<H: Handler>(
         Err(e) => warn!(subscription = %subscription.name, error = %e, "final offset commit failed; records will be redelivered"),
     }
     let snapshot = metrics.snapshot();
-    info!(subscription = %subscription.name, ?snapshot, "subscription stopped");
+    info!(subscription = %subscription.name, applied = snapshot.applied, ?snapshot, "subscription stopped");
     Ok(snapshot)
 }
 

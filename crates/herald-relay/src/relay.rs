@@ -88,7 +88,9 @@ impl Relay {
             warn!(error = %e, "could not leave the relay membership");
         }
         let _ = listener.await;
-        info!("relay stopped");
+        let counters = &self.shared.counters;
+        // What this process did, for operators and `herald bench scale`.
+        info!(delivered = RelayCounters::get(&counters.delivered), sent = RelayCounters::get(&counters.sent), "relay stopped");
     }
 
     /// Renews held leases, stops slices whose lease is gone, and takes or

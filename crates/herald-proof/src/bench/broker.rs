@@ -31,3 +31,38 @@ impl BenchBroker {
         if self.mock.is_some() { "in-process mock cluster".to_owned() } else { self.bootstrap.clone() }
     }
 }
+
+/// A real cluster for the benchmarks that measure one: the one `--kafka`
+/// names, or three private Apache Kafka nodes started from
+/// `HERALD_KAFKA_HOME` for the run.
+pub(crate) struct RealCluster {
+    pub kafka: KafkaConfig,
+    pub bootstrap: String,
+    /// For the table and the JSON.
+    pub describe: String,
+    /// Keep the private nodes (and their directory) for the run.
+    _nodes: Option<(herald_cluster::Cluster, tempfile::TempDir)>,
+}
+
+impl RealCluster {
+    /// `Err(exit code 2)` with a message when neither a cluster is given
+    /// nor the broker's jars are there to start one.
+    pub async fn given_or_started(args: &KafkaArgs, command: &str) -> anyhow::Result<Result<RealCluster, std::process::ExitCode>> {
+        if let (Some(kafka), Some(brokers)) = (args.connect().await?, &args.brokers) {
+            return Ok(Ok(RealCluster { kafka, bootstrap: brokers.clone(), describe: brokers.clone(), _nodes: None }));
+        }
+        let home = match herald_cluster::kafka_home_from_env() {
+            Ok(home) => home,
+            Err(e) => {
+                eprintln!("error: `{command}` needs --kafka BROKERS, or the broker's jars to start three nodes: {e:#}");
+                return Ok(Err(std::process::ExitCode::from(2)));
+            }
+        };
+        let dir = tempfile::tempdir()?;
+        eprintln!("starting a three-node Apache Kafka cluster from {}", home.display());
+        let cluster = tokio::task::block_in_place(|| herald_cluster::Cluster::start(&home, dir.path(), 3))?;
+        let bootstrap = cluster.bootstrap();
+        let describe = format!("three private nodes, {bootstrap}");
+        Ok(Ok(RealCluster { kafka: KafkaConfig::new(&bootstrap), bootstrap, describe, _nodes: Some((cluster, dir)) }))
+    }
+}

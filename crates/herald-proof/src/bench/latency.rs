@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use chrono::Utc;
 use clap::Args;
-use herald_cluster::Cluster;
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{KafkaConfig, TopicSettings, Topics};
@@ -79,23 +78,11 @@ struct Load {
 
 pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
     let args = &args;
-    let (_cluster, _dir, kafka, broker) = match (args.kafka.connect().await?, &args.kafka.brokers) {
-        (Some(kafka), Some(brokers)) => (None, None, kafka, brokers.clone()),
-        _ => {
-            let home = match herald_cluster::kafka_home_from_env() {
-                Ok(home) => home,
-                Err(e) => {
-                    eprintln!("error: `herald bench latency` needs --kafka BROKERS, or the broker's jars to start three nodes: {e:#}");
-                    return Ok(ExitCode::from(2));
-                }
-            };
-            let dir = tempfile::tempdir()?;
-            eprintln!("starting a three-node Apache Kafka cluster from {}", home.display());
-            let cluster = tokio::task::block_in_place(|| Cluster::start(&home, dir.path(), 3))?;
-            let bootstrap = cluster.bootstrap();
-            (Some(cluster), Some(dir), KafkaConfig::new(&bootstrap), format!("three private nodes, {bootstrap}"))
-        }
+    let cluster = match super::broker::RealCluster::given_or_started(&args.kafka, "herald bench latency").await? {
+        Ok(cluster) => cluster,
+        Err(code) => return Ok(code),
     };
+    let (kafka, broker) = (cluster.kafka.clone(), cluster.describe.clone());
     let kafka = &kafka;
     on_scratch_postgres(
         args.database.url.as_ref(),

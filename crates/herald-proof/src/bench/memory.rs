@@ -91,7 +91,7 @@ fn parse_kb(status: &str, field: &str) -> Option<u64> {
 }
 
 /// SIGTERM, as an operator stops a role; it drains and exits.
-async fn stop(child: &mut Child, pid: u32) -> anyhow::Result<()> {
+pub(crate) async fn stop(child: &mut Child, pid: u32) -> anyhow::Result<()> {
     Command::new("kill").args(["-TERM", &pid.to_string()]).status().await?;
     match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
         Ok(status) => {

@@ -10,6 +10,7 @@
 //! - `status`: one status refresh over 10M outbox rows.
 //! - `prune`: the relay and the search subscription beside a prune of a million rows.
 //! - `latency`: commit → readable search document at fixed offered loads, per stage.
+//! - `scale`: relay and consume throughput with 1, 2 and 4 processes on a real cluster.
 //! - [`workload`]: the records they (and tests) publish.
 
 mod broker;
@@ -20,6 +21,7 @@ mod probes;
 mod prune;
 pub mod rebuild;
 mod relay;
+mod scale;
 mod search;
 mod search_load;
 mod search_report;
@@ -52,6 +54,8 @@ pub enum BenchCommand {
     Prune(prune::PruneBenchArgs),
     /// Commit → readable search document at offered loads (default 1,000 and 10,000 events/s), per stage.
     Latency(latency::LatencyBenchArgs),
+    /// Relay and consume throughput with 1, 2 and 4 processes of the role, 8 partitions, a real cluster.
+    Scale(scale::ScaleBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -63,5 +67,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Status(args) => status::run(args).await,
         BenchCommand::Prune(args) => prune::run(args).await,
         BenchCommand::Latency(args) => latency::run(args).await,
+        BenchCommand::Scale(args) => scale::run(args).await,
     }
 }

@@ -1,0 +1,289 @@
+//! `herald bench scale`: does adding processes add throughput? Relay
+//! throughput with 1, 2 and 4 `herald relay` processes draining one outbox,
+//! and consume throughput with 1, 2 and 4 `herald consume search` members
+//! of one group, on a topic of 8 partitions of a real cluster (three private
+//! nodes unless `--kafka` names one).
+//!
+//! Each round is a fresh scratch database and topics of its own: the relays
+//! drain a backlog of `--events` rows written before they start; the
+//! members apply `--events` completion records published before they start.
+//! A round is timed from the processes' spawn to the last row delivered (or
+//! record applied), polled every 200 ms, so process start and the group's
+//! first rebalance are part of it — as they are for an operator scaling out.
+//! Each process reports its own share when it stops (the relay's "relay
+//! stopped" and the subscription's "subscription stopped" log lines carry
+//! `delivered` and `applied`): on 2 cores the point is that adding
+//! processes never lowers the total and none of them starves.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use herald_kafka::{KafkaConfig, TopicSettings, Topics};
+use herald_projections::search;
+use herald_secret::SecretUrl;
+use herald_store::{Db, inbox, outbox};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+use super::broker::RealCluster;
+use super::{memory, relay, workload};
+use crate::scratch::ScratchDb;
+
+#[derive(Debug, Clone, Args)]
+pub struct ScaleBenchArgs {
+    /// Outbox rows each relay round drains, and records each consume round applies.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(100..=10_000_000))]
+    events: u64,
+    /// Process counts, one round each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1u32, 2, 4], value_parser = clap::value_parser!(u32).range(1..=16))]
+    processes: Vec<u32>,
+    /// Partitions of each round's topics.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=64))]
+    partitions: i32,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// A PostgreSQL server; each round creates and drops a database there.
+    #[command(flatten)]
+    database: herald_wiring::connection::DatabaseArgs,
+    /// A Kafka cluster (default: three private nodes from HERALD_KAFKA_HOME).
+    #[command(flatten)]
+    kafka: herald_wiring::connection::KafkaArgs,
+}
+
+/// How often a round's progress is read.
+const POLL: Duration = Duration::from_millis(200);
+const ROUND_LIMIT: Duration = Duration::from_secs(900);
+
+/// One round: `processes` processes of one role and what each did.
+#[derive(Debug, Clone)]
+struct Round {
+    processes: u32,
+    events: u64,
+    secs: f64,
+    /// Rows delivered (relay) or records applied (consume) by each process,
+    /// from its stop line; `None` when a process did not report.
+    per_process: Vec<Option<u64>>,
+}
+
+impl Round {
+    fn eps(&self) -> f64 {
+        self.events as f64 / self.secs
+    }
+
+    fn to_json(&self, one: f64) -> serde_json::Value {
+        json!({"processes": self.processes, "events": self.events, "secs": (self.secs * 100.0).round() / 100.0,
+               "eps": self.eps().round(), "vs_one": (self.eps() / one * 100.0).round() / 100.0, "per_process": self.per_process})
+    }
+}
+
+pub async fn run(args: ScaleBenchArgs) -> anyhow::Result<ExitCode> {
+    let Some(server) = args.database.url.clone().filter(|u| u.expose().starts_with("postgres")) else {
+        eprintln!("error: `herald bench scale` needs --database postgres://… (or HERALD_DATABASE_URL)");
+        return Ok(ExitCode::from(2));
+    };
+    let cluster = match RealCluster::given_or_started(&args.kafka, "herald bench scale").await? {
+        Ok(cluster) => cluster,
+        Err(code) => return Ok(code),
+    };
+    let logs = tempfile::tempdir()?;
+    let mut relays = Vec::new();
+    for &n in &args.processes {
+        relays.push(relay_round(&server, &cluster, &args, n, logs.path()).await?);
+    }
+    let mut members = Vec::new();
+    for &n in &args.processes {
+        members.push(consume_round(&server, &cluster, &args, n, logs.path()).await?);
+    }
+    report(&args, &cluster.describe, &relays, &members)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `n` relay processes drain `args.events` rows written before they start.
+async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenchArgs, n: u32, logs: &Path) -> anyhow::Result<Round> {
+    let run = run_id();
+    let topic = format!("bench.scale-relay-{run}");
+    herald_kafka::ensure_topics(&cluster.kafka, &[topic.as_str()], TopicSettings::partitions(args.partitions)).await?;
+    let scratch = ScratchDb::create(server, "herald_bench").await?;
+    let result = async {
+        let db = Db::connect_and_migrate(scratch.url.expose()).await?;
+        for start in (0..args.events).step_by(50_000) {
+            relay::insert(&db, &relay::events(&topic, (args.events - start).min(50_000))?).await?;
+        }
+        let url = scratch.url.expose().to_owned();
+        let role = |i: u32| -> Vec<String> {
+            let owner = format!("scale-{run}-{i}");
+            ["relay", "--database", &url, "--kafka", &cluster.bootstrap, "--owner", &owner].into_iter().map(str::to_owned).collect()
+        };
+        let round = timed(n, logs, &format!("relay-{run}"), role, args.events, "relay stopped", "delivered", || async {
+            Ok(u64::try_from(outbox::count_by_status(&db, outbox::DELIVERED).await?)?)
+        })
+        .await;
+        db.close().await;
+        round
+    }
+    .await;
+    scratch.drop_db().await;
+    result
+}
+
+/// `n` members of one group apply `args.events` records published before they start.
+async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenchArgs, n: u32, logs: &Path) -> anyhow::Result<Round> {
+    let run = run_id();
+    let prefix = format!("bench-scale-{run}");
+    let topics = Topics::with_prefix(&prefix);
+    herald_kafka::ensure_topics(&cluster.kafka, &topics.all(), TopicSettings::partitions(args.partitions)).await?;
+    publish_completions(&cluster.kafka, &topics.events, &run, args.events).await?;
+    let scratch = ScratchDb::create(server, "herald_bench").await?;
+    let result = async {
+        let db = Db::connect_and_migrate(scratch.url.expose()).await?;
+        let url = scratch.url.expose().to_owned();
+        let group = format!("bench-scale-{run}");
+        let role = |_: u32| -> Vec<String> {
+            ["consume", "search", "--database", &url, "--kafka", &cluster.bootstrap, "--topic-prefix", &prefix, "--group-prefix", &group]
+                .into_iter()
+                .map(str::to_owned)
+                .collect()
+        };
+        let round = timed(n, logs, &format!("consume-{run}"), role, args.events, "subscription stopped", "applied", || async {
+            Ok(u64::try_from(inbox::count(&db, search::SUBSCRIPTION).await?)?)
+        })
+        .await;
+        db.close().await;
+        round
+    }
+    .await;
+    scratch.drop_db().await;
+    result
+}
+
+async fn publish_completions(kafka: &KafkaConfig, topic: &str, run: &str, n: u64) -> anyhow::Result<()> {
+    let producer = workload::producer(kafka)?;
+    for start in (0..n).step_by(50_000) {
+        let chunk = workload::completions(topic, &format!("{run}c{start}"), usize::try_from((n - start).min(50_000))?)?;
+        workload::publish(&producer, &chunk).await?;
+    }
+    Ok(())
+}
+
+/// Spawns `n` processes (`role(i)` their arguments), waits until
+/// `progress()` reaches `want`, stops them with SIGTERM and reads each
+/// one's `field` from its last `message` log line.
+#[allow(clippy::too_many_arguments)]
+async fn timed<F, Fut>(
+    n: u32,
+    logs: &Path,
+    name: &str,
+    role: impl Fn(u32) -> Vec<String>,
+    want: u64,
+    message: &str,
+    field: &str,
+    mut progress: F,
+) -> anyhow::Result<Round>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<u64>>,
+{
+    let mut children = Vec::new();
+    let started = Instant::now();
+    for i in 0..n {
+        let log = logs.join(format!("{name}-{i}.log"));
+        children.push((spawn(&role(i), &log)?, log));
+    }
+    let mut done = 0;
+    while done < want {
+        for (child, log) in &mut children {
+            if let Some(status) = child.try_wait()? {
+                anyhow::bail!("a process of {name} exited ({status}) after {done} of {want}; its log: {}", log.display());
+            }
+        }
+        anyhow::ensure!(started.elapsed() < ROUND_LIMIT, "{name}: {done} of {want} in {ROUND_LIMIT:?}");
+        tokio::time::sleep(POLL).await;
+        done = progress().await?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let mut per_process = Vec::new();
+    for (mut child, log) in children {
+        let pid = child.id().context("the process exited before its stop")?;
+        memory::stop(&mut child, pid).await?;
+        per_process.push(last_field(&log, message, field)?);
+    }
+    Ok(Round { processes: n, events: want, secs, per_process })
+}
+
+/// `herald <args>` with JSON logs to `log`: warnings, and the info lines
+/// of the relay's and the subscription's own loops (their stop lines).
+fn spawn(args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let file = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    Command::new(std::env::current_exe()?)
+        .args(args)
+        .env("HERALD_LOG", "warn,herald_relay::relay=info,herald_consumer::subscription=info")
+        .env("HERALD_LOG_FORMAT", "json")
+        .env_remove("HERALD_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting herald {}", args.join(" ")))
+}
+
+/// `field` of the last JSON line of `log` whose message is `message`.
+fn last_field(log: &PathBuf, message: &str, field: &str) -> anyhow::Result<Option<u64>> {
+    let text = std::fs::read_to_string(log).with_context(|| format!("reading {}", log.display()))?;
+    Ok(field_of_last(&text, message, field))
+}
+
+fn field_of_last(text: &str, message: &str, field: &str) -> Option<u64> {
+    text.lines()
+        .rev()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line.get("message").and_then(|m| m.as_str()) == Some(message))
+        .and_then(|line| line.get(field).and_then(serde_json::Value::as_u64))
+}
+
+fn run_id() -> String {
+    uuid::Uuid::now_v7().simple().to_string()[20..].to_owned()
+}
+
+fn report(args: &ScaleBenchArgs, broker: &str, relays: &[Round], members: &[Round]) -> anyhow::Result<()> {
+    let one = |rounds: &[Round]| rounds.iter().find(|r| r.processes == 1).or(rounds.first()).map_or(1.0, Round::eps);
+    if args.json {
+        let out = json!({
+            "broker": broker, "partitions": args.partitions, "events": args.events,
+            "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "relay": relays.iter().map(|r| r.to_json(one(relays))).collect::<Vec<_>>(),
+            "consume": members.iter().map(|r| r.to_json(one(members))).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string(&out)?);
+        return Ok(());
+    }
+    println!("broker: {broker}; {} partitions; {} events per round\n", args.partitions, args.events);
+    println!("| role | processes | seconds | events/s | vs 1 process | per process |");
+    println!("|---|---:|---:|---:|---:|---|");
+    for (role, rounds) in [("herald relay", relays), ("herald consume search", members)] {
+        for r in rounds {
+            let shares = r.per_process.iter().map(|s| s.map_or("?".to_owned(), |n| n.to_string())).collect::<Vec<_>>().join(" / ");
+            println!("| {role} | {} | {:.2} | {:.0} | {:.2}x | {shares} |", r.processes, r.secs, r.eps(), r.eps() / one(rounds));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_stop_line_gives_the_share() {
+        let log = r#"{"message":"relay started","level":"INFO"}
+{"message":"relay stopped","delivered":12,"level":"INFO"}
+not json
+{"message":"relay stopped","delivered":40,"level":"INFO"}
+{"message":"something else","delivered":7}"#;
+        assert_eq!(field_of_last(log, "relay stopped", "delivered"), Some(40));
+        assert_eq!(field_of_last(log, "subscription stopped", "applied"), None);
+    }
+}
