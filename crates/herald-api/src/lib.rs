@@ -6,6 +6,7 @@
 //!   committed, so a 202 is a promise the database already keeps.
 //! - [`limits`]: concurrency, per-caller rate and body size, refused with 429/413.
 //! - [`observe`]: `/metrics`, `/status`, `/status.json` from a `herald_status::Monitor`.
+//! - [`trace`]: a span per request, continuing the caller's `traceparent`.
 //! - [`openapi`]: the OpenAPI document of all of them, `/openapi.json`.
 
 pub mod auth;
@@ -15,6 +16,7 @@ pub mod openapi;
 pub mod problem;
 pub mod ready;
 pub mod routes;
+pub mod trace;
 
 pub use auth::Tokens;
 pub use routes::{AppState, router, serve, serve_router};

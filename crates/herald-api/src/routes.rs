@@ -15,6 +15,7 @@ use herald_store::Db;
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use utoipa::{IntoParams, ToSchema};
 
 use crate::Tokens;
@@ -54,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         // with an empty body (axum keeps the `Allow` header of a 405).
         .fallback(|| async { Problem::not_found() })
         .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
+        .layer(axum::middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
 
@@ -118,8 +120,10 @@ async fn create_export(
     let key = idempotency_key(&headers)?;
     let body = body.map_err(body_problem)?;
     let request = ExportRequest::from_json(&body)?;
-    let submitted = jobs::submit(&state.db, &state.intake, &caller, &key, &request).await?;
+    let intake = tracing::info_span!("export.intake", caller = %caller, job_id = tracing::field::Empty);
+    let submitted = jobs::submit(&state.db, &state.intake, &caller, &key, &request).instrument(intake.clone()).await?;
     let job = submitted.job();
+    intake.record("job_id", job.job_id.as_str());
     // A repeat of a finished job answers 200 with the job; anything still in
     // flight answers 202 like the first time, so a retry after a lost
     // response looks like the response it lost.

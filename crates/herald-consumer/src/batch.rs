@@ -65,6 +65,7 @@ impl<H: Handler> Applier<'_, H> {
     /// retry, nothing of the batch may be acknowledged.
     pub async fn apply(&self, batch: &[OwnedMessage], decoded: Decoded, shutdown: &CancellationToken) -> bool {
         let parsed: Vec<Parsed> = decoded.into_iter().map(|d| self.parse(d)).collect();
+        let _spans = self.apply_spans(batch, &parsed);
         let mut backoff = Backoff::new();
         loop {
             match self.try_batch(batch, &parsed).await {
@@ -85,6 +86,33 @@ impl<H: Handler> Applier<'_, H> {
                 }
             }
         }
+    }
+
+    /// While spans are exported: one per event, child of the span that
+    /// appended it, open until the batch settled (its transaction is the
+    /// apply of every record in it).
+    fn apply_spans(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Vec<tracing::Span> {
+        if !herald_trace::recording() {
+            return Vec::new();
+        }
+        let events = batch.iter().zip(parsed).filter_map(|(msg, p)| match p {
+            Parsed::Event(event) => Some((msg, event)),
+            Parsed::Skip | Parsed::Poison(_) => None,
+        });
+        events
+            .map(|(msg, event)| {
+                let span = tracing::info_span!(
+                    "subscription.apply",
+                    subscription = self.subscription,
+                    event_id = %event.key.id,
+                    event_type = %event.event_type,
+                    "messaging.destination.partition.id" = msg.partition(),
+                    "messaging.kafka.offset" = msg.offset(),
+                );
+                herald_trace::set_parent(&span, event.trace.as_ref());
+                span
+            })
+            .collect()
     }
 
     fn parse(&self, decoded: Result<DecodedEvent, String>) -> Parsed {

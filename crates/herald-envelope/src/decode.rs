@@ -5,11 +5,13 @@ use std::sync::Arc;
 use apache_avro::Schema;
 use chrono::{DateTime, Utc};
 use cloudevents::binding::rdkafka::record_to_event;
+use cloudevents::event::ExtensionValue;
 use cloudevents::{AttributesReader, Data, Event};
 use rdkafka::message::Message;
 
 use crate::event::AVRO_CONTENT_TYPE;
-use crate::{EnvelopeError, EventData, EventKey, Registry, schema};
+use crate::event::{TRACEPARENT, TRACESTATE};
+use crate::{EnvelopeError, EventData, EventKey, Registry, TraceContext, schema};
 
 /// A CloudEvent read from Kafka whose attributes Herald has checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +25,9 @@ pub struct DecodedEvent {
     /// That file's schema, from the registry the record was decoded with.
     pub writer: Arc<Schema>,
     pub data: Vec<u8>,
+    /// The trace the event was written in (`ce_traceparent`); `None` when
+    /// absent or malformed.
+    pub trace: Option<TraceContext>,
 }
 
 impl DecodedEvent {
@@ -71,7 +76,17 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
         schema_file,
         writer,
         data,
+        trace: trace_of(&event),
     })
+}
+
+/// The distributed-tracing extension of `event`, if well formed.
+pub(crate) fn trace_of(event: &Event) -> Option<TraceContext> {
+    let text = |name| match event.extension(name) {
+        Some(ExtensionValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
 }
 
 /// cloudevents-sdk 0.9's rdkafka binding unwraps where a record can hold
@@ -168,6 +183,31 @@ mod tests {
         for expected in ["ce_id", "ce_source", "ce_type", "ce_specversion", "ce_subject", "ce_time", "ce_dataschema", "content-type"] {
             assert!(names.contains(&expected), "{expected} missing from {names:?}");
         }
+    }
+
+    #[test]
+    fn trace_context_travels_as_ce_traceparent_and_back() {
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = event().with_trace(TraceContext::parse(parent, Some("vendor=x")));
+        let msg = received(&traced);
+        let header = |name: &str| msg.headers().unwrap().iter().find(|h| h.key == name).and_then(|h| h.value).map(<[u8]>::to_vec);
+        assert_eq!(header("ce_traceparent").as_deref(), Some(parent.as_bytes()));
+        assert_eq!(header("ce_tracestate").as_deref(), Some(&b"vendor=x"[..]));
+        assert_eq!(decode_record(&msg).unwrap().trace, traced.trace);
+        assert_eq!(decode_record(&received(&event())).unwrap().trace, None, "no context, no headers");
+    }
+
+    #[test]
+    fn a_malformed_ce_traceparent_is_ignored_not_refused() {
+        let mut untraced = received(&event());
+        let mut headers = rdkafka::message::OwnedHeaders::new();
+        for h in untraced.headers().unwrap().iter() {
+            headers = headers.insert(rdkafka::message::Header { key: h.key, value: h.value });
+        }
+        headers = headers.insert(rdkafka::message::Header { key: "ce_traceparent", value: Some(&b"00-nope"[..]) });
+        untraced = untraced.replace_headers(Some(headers));
+        let decoded = decode_record(&untraced).expect("the event is still valid");
+        assert_eq!(decoded.trace, None);
     }
 
     fn with_headers(headers: &[(&str, Option<&[u8]>)], value: Option<Vec<u8>>) -> OwnedMessage {

@@ -4,13 +4,17 @@ use chrono::{DateTime, Utc};
 use cloudevents::binding::rdkafka::MessageRecord;
 use cloudevents::{Event, EventBuilder, EventBuilderV10};
 
-use crate::{EnvelopeError, EventData, schema};
+use crate::{EnvelopeError, EventData, TraceContext, schema};
 
 /// `source` of every event the export domain emits (a URI-reference).
 pub const SOURCE_EXPORTS: &str = "/herald/exports";
 
 /// Content type of event data: one Avro datum in binary encoding.
 pub const AVRO_CONTENT_TYPE: &str = "application/avro";
+
+/// Extension attributes of the CloudEvents distributed-tracing extension.
+pub const TRACEPARENT: &str = "traceparent";
+pub const TRACESTATE: &str = "tracestate";
 
 /// The identity of a fact, and so the key every inbox deduplicates on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +39,9 @@ pub struct OutboxEvent {
     pub topic: String,
     /// Kafka record key; same key, same partition, commit order.
     pub partition_key: String,
+    /// The trace the event was written in, sent as the CloudEvents
+    /// distributed-tracing extension (`ce_traceparent`, `ce_tracestate`).
+    pub trace: Option<TraceContext>,
 }
 
 impl OutboxEvent {
@@ -50,7 +57,14 @@ impl OutboxEvent {
             data: data.to_avro()?,
             topic: topic.to_owned(),
             partition_key: subject.to_owned(),
+            trace: None,
         })
+    }
+
+    /// The same event, written in the trace `trace` names.
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
 
     pub fn key(&self) -> EventKey {
@@ -59,7 +73,14 @@ impl OutboxEvent {
 
     /// The CloudEvents 1.0 form of this event.
     pub fn to_cloudevent(&self) -> Result<Event, EnvelopeError> {
-        EventBuilderV10::new()
+        let mut builder = EventBuilderV10::new();
+        if let Some(trace) = &self.trace {
+            builder = builder.extension(TRACEPARENT, trace.traceparent.as_str());
+            if let Some(state) = &trace.tracestate {
+                builder = builder.extension(TRACESTATE, state.as_str());
+            }
+        }
+        builder
             .id(&self.id)
             .source(self.source.as_str())
             .ty(&self.event_type)

@@ -82,6 +82,8 @@ pub fn decode_legacy(value: &[u8]) -> Result<DecodedEvent, EnvelopeError> {
         schema_file: schema_file.to_owned(),
         writer,
         data,
+        // The legacy envelope has no place for trace context.
+        trace: None,
     })
 }
 

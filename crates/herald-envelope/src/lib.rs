@@ -7,6 +7,8 @@
 //! - [`event`]: an outbox row's event, its CloudEvents form and Kafka record
 //!   in binary content mode (`ce_*` headers).
 //! - [`decode`]: the reverse way, validating every attribute Herald relies on.
+//! - [`trace`]: W3C trace context carried as the CloudEvents
+//!   distributed-tracing extension.
 //! - [`legacy`]: the older JSON envelope, normalised to the same identity;
 //!   [`decode_any`] reads either envelope.
 //!
@@ -19,6 +21,7 @@ pub mod decode;
 pub mod event;
 pub mod legacy;
 pub mod schema;
+pub mod trace;
 pub mod trust;
 
 mod error;
@@ -29,4 +32,5 @@ pub use error::EnvelopeError;
 pub use event::{EventKey, OutboxEvent, SOURCE_EXPORTS};
 pub use legacy::{decode_any, decode_any_with};
 pub use schema::Registry;
+pub use trace::TraceContext;
 pub use trust::Sources;

@@ -10,7 +10,7 @@ use herald_envelope::{EventData, ExportRequested, decode_record};
 use herald_kafka::Topics;
 use herald_store::Db;
 use rdkafka::message::OwnedMessage;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ExportError;
 use crate::artifact::{ArtifactStore, StoredArtifact, render};
@@ -66,6 +66,7 @@ impl ExportWorker {
             debug!(job_id, "job finished or held by a live attempt; command skipped");
             return Ok(Outcome::Skipped);
         };
+        tracing::Span::current().record("generation", attempt.generation);
         info!(job_id, generation = attempt.generation, "attempt started");
         // The renewal is part of the attempt's future, not a task of its own:
         // whatever drops the attempt (crash, cancellation) stops renewing too.
@@ -160,7 +161,10 @@ impl Processor for ExportWorker {
             return Ok(Processed::Ignored);
         }
         let command: ExportRequested = event.data_as().map_err(|e| ProcessError::Permanent(e.to_string()))?;
-        match self.handle(&command.job_id).await {
+        // The attempt continues the trace of the request that created the job.
+        let span = info_span!("export.attempt", job_id = %command.job_id, event_id = %event.key.id, generation = tracing::field::Empty);
+        herald_trace::set_parent(&span, event.trace.as_ref());
+        match self.handle(&command.job_id).instrument(span).await {
             Ok(Outcome::Skipped) => Ok(Processed::Unchanged),
             Ok(_) => Ok(Processed::Applied),
             Err(e) if e.is_retryable() => Err(ProcessError::Retryable(e.to_string())),

@@ -15,6 +15,7 @@
 
 use std::time::{Duration, Instant};
 
+use herald_envelope::TraceContext;
 use herald_store::lease::{Held, LeaseTable, Pick, Take, Token, TokenKind, Value, Write};
 use herald_store::{Db, StoreError};
 use sqlx::Row;
@@ -56,6 +57,8 @@ pub struct Claimed {
     /// its outcome was unknown, or its claim expired while it was calling.
     pub may_have_executed: bool,
     pub claimed_at: DbInstant,
+    /// The trace of the event that created the intent.
+    pub trace: Option<TraceContext>,
 }
 
 /// A call that may start: the claim was renewed for it.
@@ -95,8 +98,9 @@ pub async fn claim(db: &Db, owner: &str, lease_ms: i64, limit: i64) -> Result<Ve
          may_have_executed = CASE WHEN call_started_at_ms IS NULL THEN may_have_executed ELSE 1 END, \
          call_started_at_ms = NULL, claimed_at_ms = {now}, updated_at_ms = {now}"
     );
-    let returning =
-        format!("idempotency_key, body, recipient, claim_token, attempts, first_attempt_at_ms, may_have_executed, {now} AS db_now_ms");
+    let returning = format!(
+        "idempotency_key, body, recipient, claim_token, attempts, first_attempt_at_ms, may_have_executed, traceparent, tracestate, {now} AS db_now_ms"
+    );
     let take = Take {
         owner: Some(owner),
         ttl_ms: lease_ms,
@@ -123,6 +127,9 @@ fn row_to_claimed(row: &AnyRow, sent: Instant) -> Result<Claimed, StoreError> {
         first_attempt_at_ms: row.try_get("first_attempt_at_ms")?,
         may_have_executed: row.try_get::<i32, _>("may_have_executed")? == 1,
         claimed_at: DbInstant { db_ms: row.try_get("db_now_ms")?, sent },
+        trace: row
+            .try_get::<Option<String>, _>("traceparent")?
+            .and_then(|parent| TraceContext::parse(&parent, row.try_get::<Option<String>, _>("tracestate").ok().flatten().as_deref())),
     })
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use herald_fault::{Hook, Point};
 use herald_store::{Db, StoreError};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::claims::{self, CallStart, Claimed};
 use crate::provider::{Capabilities, ProviderClient};
@@ -180,8 +180,12 @@ impl Dispatcher {
             return self.record(claimed, &transition, true).await;
         }
         let Some(start) = self.start_call(claimed).await? else { return Ok(Step::NotMine) };
+        let call = tracing::info_span!("notify.provider_call", idempotency_key = %claimed.key, recipient = %claimed.recipient, attempt = start.attempts);
+        herald_trace::set_parent(&call, claimed.trace.as_ref());
+        // The provider hears the call's own span; without ids (no layer), the event's.
+        let trace = herald_trace::context_of(&call).or_else(|| claimed.trace.clone());
         let outcome = tokio::select! {
-            outcome = self.client.send(&claimed.key, &claimed.body) => outcome,
+            outcome = self.client.send(&claimed.key, &claimed.body, trace.as_ref()).instrument(call) => outcome,
             _ = shutdown.cancelled() => return Ok(Step::Cancelled),
         };
         // The window where a crash loses the provider's receipt (tests, drills).

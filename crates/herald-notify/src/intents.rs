@@ -56,10 +56,10 @@ impl Handler for NotifyHandler {
 async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in herald_store::outbox::statement_chunks(rows) {
-        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
+        let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 12 + 1, 12))).collect();
         let sql = format!(
             "INSERT INTO notification_intents (idempotency_key, source, event_id, recipient, kind, job_id, body, \
-             status, created_at_ms, updated_at_ms) VALUES {} ON CONFLICT DO NOTHING",
+             status, created_at_ms, updated_at_ms, traceparent, tracestate) VALUES {} ON CONFLICT DO NOTHING",
             values.join(", ")
         );
         let mut query = sqlx::query(&sql);
@@ -79,7 +79,10 @@ async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> R
                 .bind(body.to_string())
                 .bind(PENDING)
                 .bind(now)
-                .bind(now);
+                .bind(now)
+                // The provider call joins the trace of the event behind it.
+                .bind(event.trace.as_ref().map(|t| t.traceparent.as_str()))
+                .bind(event.trace.as_ref().and_then(|t| t.tracestate.as_deref()));
         }
         query.execute(&mut **tx).await?;
     }

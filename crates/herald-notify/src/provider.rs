@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use herald_envelope::TraceContext;
 use serde::{Deserialize, Serialize};
 
 /// What Herald may assume about a provider. Configuration, not discovery:
@@ -87,15 +88,20 @@ impl ProviderClient {
 
     /// One attempt. The body is sent byte for byte as stored, so a retry is
     /// the same request, not a re-serialisation that might differ.
-    pub async fn send(&self, key: &str, body: &str) -> SendOutcome {
-        let sent = self
+    /// `trace` goes as the W3C `traceparent` (and `tracestate`) headers.
+    pub async fn send(&self, key: &str, body: &str, trace: Option<&TraceContext>) -> SendOutcome {
+        let mut request = self
             .http
             .post(format!("{}/v1/notifications", self.base))
             .header("idempotency-key", key)
-            .header("content-type", "application/json")
-            .body(body.to_owned())
-            .send()
-            .await;
+            .header("content-type", "application/json");
+        if let Some(trace) = trace {
+            request = request.header("traceparent", &trace.traceparent);
+            if let Some(state) = &trace.tracestate {
+                request = request.header("tracestate", state);
+            }
+        }
+        let sent = request.body(body.to_owned()).send().await;
         let response = match sent {
             Ok(response) => response,
             Err(e) if e.is_connect() => return SendOutcome::NotSent { reason: error_chain(&e) },
@@ -239,6 +245,6 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         drop(listener);
         let client = ProviderClient::new(&format!("http://{addr}"), Duration::from_secs(2)).unwrap();
-        assert!(matches!(client.send("k", "{}").await, SendOutcome::NotSent { .. }));
+        assert!(matches!(client.send("k", "{}", None).await, SendOutcome::NotSent { .. }));
     }
 }

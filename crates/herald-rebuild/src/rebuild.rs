@@ -11,7 +11,7 @@ use herald_store::Db;
 use herald_store::delivered::Settled;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info};
 
 use crate::generations::{self, BUILDING, Boundary, CATCHING_UP, FAILED, Generation, Position, READY};
 use crate::snapshot::{self, Snapshot};
@@ -114,9 +114,15 @@ pub async fn rebuild<P: Projection>(
     let generation = opened.generation;
     let verb = if resumed { "resuming" } else { "building" };
     progress.phase(&format!("{} {verb} generation {generation}: replaying to the boundary", P::NAME));
+    // A replay reads history into a generation and nothing else: its span
+    // names the generation, and no provider call can be under it
+    // (herald-rebuild does not depend on herald-notify).
+    let span = tracing::info_span!("rebuild.replay", projection = P::NAME, generation, records = tracing::field::Empty);
     let replayed =
         replay::replay(db, projection, &options.kafka, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p))
+            .instrument(span.clone())
             .await?;
+    span.record("records", replayed.done);
     let mut report = report::<P>(generation, previous_active, BUILDING, options, replayed, false);
     report.resumed = resumed;
     report.offline = opened.boundary_mode.as_deref() == Some("offline");

@@ -12,7 +12,8 @@ use rdkafka::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use tracing::error;
+use tracing::field::Empty;
+use tracing::{Span, error};
 
 use crate::PublishError;
 
@@ -88,17 +89,42 @@ impl Publisher {
 /// written after all, is absorbed by the consumers' inboxes.
 const UNCONFIRMED: &str = "acknowledged as a duplicate sequence without an offset; not proof of a write";
 
+/// A span per published record, child of the span that appended the row,
+/// while spans are exported: it lasts from the send to the broker's verdict.
+fn publish_span(row: &OutboxRow) -> Option<Span> {
+    if !herald_trace::recording() {
+        return None;
+    }
+    let span = tracing::info_span!(
+        "relay.publish",
+        event_id = %row.event.id,
+        event_type = %row.event.event_type,
+        seq = row.seq,
+        "messaging.destination.name" = %row.event.topic,
+        "messaging.destination.partition.id" = Empty,
+        "messaging.kafka.offset" = Empty,
+    );
+    herald_trace::set_parent(&span, row.event.trace.as_ref());
+    Some(span)
+}
+
 async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, Result<(), PublishError>> {
     let message = match row.event.to_kafka_record() {
         Ok(message) => message,
         Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
     };
+    let span = publish_span(row);
     loop {
         let record = FutureRecord::to(&row.event.topic).key(row.event.partition_key.as_str()).message_record(&message);
         match producer.send_result(record) {
             Ok(delivery) => {
                 return async move {
-                    match delivery.await {
+                    let verdict = delivery.await;
+                    if let (Some(span), Ok(Ok(delivery))) = (&span, &verdict) {
+                        span.record("messaging.destination.partition.id", delivery.partition);
+                        span.record("messaging.kafka.offset", delivery.offset);
+                    }
+                    match verdict {
                         Ok(Ok(delivery)) if delivery.offset >= 0 => Ok(()),
                         Ok(Ok(_)) => Err(PublishError::retryable(UNCONFIRMED)),
                         Ok(Err((e, _))) => Err(PublishError::from_kafka(&e)),

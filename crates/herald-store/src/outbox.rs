@@ -8,9 +8,10 @@
 //! progress transaction.
 
 use chrono::{DateTime, Utc};
-use herald_envelope::OutboxEvent;
+use herald_envelope::{OutboxEvent, TraceContext};
 use sqlx::Row;
 use sqlx::any::AnyRow;
+use tracing::Instrument;
 
 use crate::{Backend, Db, StoreError, Tx, now_ms};
 
@@ -61,8 +62,8 @@ pub struct OutboxRow {
 
 /// Columns every written outbox row sets, in the order [`bind_row`] binds them.
 const INSERT_COLUMNS: &str = "event_id, source, event_type, subject, event_time_ms, schema_file, \
-     data, topic, partition_key, status, created_at_ms, slice";
-const INSERT_COLUMN_COUNT: usize = 12;
+     data, topic, partition_key, status, created_at_ms, slice, traceparent, tracestate";
+const INSERT_COLUMN_COUNT: usize = 14;
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
 
@@ -82,18 +83,31 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQue
         .bind(PENDING)
         .bind(now)
         .bind(slice_of(&event.partition_key))
+        .bind(event.trace.as_ref().map(|t| t.traceparent.as_str()))
+        .bind(event.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
 }
 
 /// Appends `event` inside the caller's transaction; returns its sequence.
+/// An event without trace context is written in the `outbox.append` span's,
+/// a child of the caller's span: the relay and every consumer join it.
 pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreError> {
+    let span = tracing::info_span!("outbox.append", event_id = %event.id, event_type = %event.event_type, topic = %event.topic);
+    let traced;
+    let event = match (&event.trace, herald_trace::context_of(&span)) {
+        (None, Some(trace)) => {
+            traced = event.clone().with_trace(Some(trace));
+            &traced
+        }
+        _ => event,
+    };
     let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq", placeholders(1, INSERT_COLUMN_COUNT));
-    let row = bind_row(sqlx::query(&sql), event, now_ms()).fetch_one(&mut **tx).await?;
+    let row = bind_row(sqlx::query(&sql), event, now_ms()).fetch_one(&mut **tx).instrument(span).await?;
     Ok(row.try_get("seq")?)
 }
 
 /// Columns [`row_to_outbox`] reads.
 pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
-     subject, event_time_ms, schema_file, data, topic, partition_key";
+     subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate";
 
 pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
     let time_ms: i64 = row.try_get("event_time_ms")?;
@@ -112,8 +126,17 @@ pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
             data: row.try_get("data")?,
             topic: row.try_get("topic")?,
             partition_key: row.try_get("partition_key")?,
+            trace: trace_of(row)?,
         },
     })
+}
+
+/// The stored trace context of a row read with [`ROW_COLUMNS`]; a value
+/// that is not a W3C traceparent (written by hand) is no context.
+fn trace_of(row: &AnyRow) -> Result<Option<TraceContext>, StoreError> {
+    let parent: Option<String> = row.try_get("traceparent")?;
+    let state: Option<String> = row.try_get("tracestate")?;
+    Ok(parent.and_then(|p| TraceContext::parse(&p, state.as_deref())))
 }
 
 /// What became of a row that was not delivered.
@@ -271,8 +294,8 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
         let last_error: Option<String> = old.try_get("last_error")?;
         let new = sqlx::query(
             "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
-             data, topic, partition_key, status, created_at_ms, slice, attempts, last_error) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13) RETURNING seq",
+             data, topic, partition_key, status, created_at_ms, slice, attempts, last_error, traceparent, tracestate) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13, $14, $15) RETURNING seq",
         )
         .bind(&row.event.id)
         .bind(&row.event.source)
@@ -287,6 +310,8 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
         .bind(now_ms())
         .bind(old.try_get::<i32, _>("slice")?)
         .bind(last_error.map(|e| format!("redriven; before: {e}")))
+        .bind(row.event.trace.as_ref().map(|t| t.traceparent.clone()))
+        .bind(row.event.trace.as_ref().and_then(|t| t.tracestate.clone()))
         .fetch_one(&mut *tx)
         .await?;
         moved.push((seq, new.try_get("seq")?));

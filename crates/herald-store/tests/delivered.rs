@@ -34,6 +34,7 @@ fn event(id: &str) -> OutboxEvent {
         data: vec![1, 2, 3],
         topic: "test".into(),
         partition_key: KEY.into(),
+        trace: None,
     }
 }
 

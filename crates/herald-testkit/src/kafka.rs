@@ -15,6 +15,8 @@ pub struct Record {
     pub key: String,
     /// The CloudEvents `id` header (binary content mode).
     pub ce_id: String,
+    /// The `ce_traceparent` header (distributed-tracing extension), if any.
+    pub ce_traceparent: Option<String>,
 }
 
 /// Every record of `topic` up to the high watermarks at the time of the
@@ -54,13 +56,15 @@ pub fn read_all(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<V
                 }
             };
             next = message.offset() + 1;
-            let ce_id = message
-                .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "ce_id").and_then(|h| h.value))
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default();
+            let header = |name: &str| {
+                message
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == name).and_then(|h| h.value))
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            let (ce_id, ce_traceparent) = (header("ce_id").unwrap_or_default(), header("ce_traceparent"));
             let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
-            records.push(Record { partition, offset: message.offset(), key, ce_id });
+            records.push(Record { partition, offset: message.offset(), key, ce_id, ce_traceparent });
         }
     }
     Ok(records)

@@ -18,7 +18,6 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
-use tracing_subscriber::EnvFilter;
 
 use config::Backends;
 
@@ -28,7 +27,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log lines on stderr: `text` for people, `json` (one object per line,
-    /// with the current span and its parents) for log collectors.
+    /// with the current span, its parents, and the trace and span ids) for log collectors.
     #[arg(long, global = true, env = "HERALD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
     /// A `herald.toml` holding settings for every command (flag > environment > file > default).
@@ -133,7 +132,17 @@ fn main() -> ExitCode {
     // The demo's output is its report; roles that run for long log progress.
     let default_filter =
         if matches!(cli.command, Command::Demo(_) | Command::Bench(_) | Command::Audit(_) | Command::Drill(_)) { "warn" } else { "info" };
-    init_logs(cli.log_format, default_filter);
+    let format = match cli.log_format {
+        LogFormat::Text => herald_trace::LogFormat::Text,
+        LogFormat::Json => herald_trace::LogFormat::Json,
+    };
+    let tracing = match herald_trace::init(format, default_filter) {
+        Ok(tracing) => tracing,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -141,7 +150,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command, file)) {
+    let outcome = runtime.block_on(run(cli.command, file));
+    // The exporter's client blocks: flush the last spans outside the runtime.
+    drop(runtime);
+    tracing.shutdown();
+    match outcome {
         Ok(code) => code,
         // An operator's decision, or flags that contradict each other: exit 2 like bad input.
         Err(e)
@@ -223,17 +236,6 @@ async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitC
         Command::Bench(args) => bench::run(args).await,
         Command::Config(args) => Ok(cmd_config::run(&Cli::command(), file.as_ref(), args)),
         Command::Migrate(args) => herald::cmd_migrate::run(args).await,
-    }
-}
-
-fn init_logs(format: LogFormat, default_filter: &str) {
-    let filter = EnvFilter::try_from_env("HERALD_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().with_current_span(true).with_span_list(true).flatten_event(true).init(),
     }
 }
 

@@ -69,6 +69,7 @@ async fn write(db: Db, topic: String, events: Option<usize>, stop: CancellationT
                 data: vec![b'x'; 200],
                 topic: topic.clone(),
                 partition_key: key.clone(),
+                trace: None,
             };
             outbox::append(&mut tx, &event).await?;
             ids.push((key, event.id));

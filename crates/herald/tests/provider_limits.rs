@@ -26,7 +26,7 @@ async fn provider(status: StatusCode, len: usize) -> anyhow::Result<String> {
 async fn a_receipt_too_large_to_read_is_no_evidence() -> anyhow::Result<()> {
     let url = provider(StatusCode::OK, 16 * MAX_BODY_BYTES).await?;
     let client = ProviderClient::new(&url, Duration::from_secs(10))?;
-    match client.send("k", "{}").await {
+    match client.send("k", "{}", None).await {
         SendOutcome::Unknown { reason } => assert!(reason.contains("not read"), "{reason}"),
         other => panic!("an unreadable 2xx is unknown, got {other:?}"),
     }
@@ -39,7 +39,7 @@ async fn a_receipt_too_large_to_read_is_no_evidence() -> anyhow::Result<()> {
 async fn an_errors_huge_body_is_cut() -> anyhow::Result<()> {
     let url = provider(StatusCode::BAD_REQUEST, 16 * MAX_BODY_BYTES).await?;
     let client = ProviderClient::new(&url, Duration::from_secs(10))?;
-    match client.send("k", "{}").await {
+    match client.send("k", "{}", None).await {
         SendOutcome::Answered { status, detail, .. } => {
             assert_eq!(status, 400);
             assert!(detail.len() <= MAX_BODY_BYTES, "detail of {} bytes", detail.len());
@@ -53,7 +53,7 @@ async fn an_errors_huge_body_is_cut() -> anyhow::Result<()> {
 async fn a_small_receipt_is_read_whole() -> anyhow::Result<()> {
     let url = provider(StatusCode::OK, 100).await?;
     let client = ProviderClient::new(&url, Duration::from_secs(10))?;
-    assert!(matches!(client.send("k", "{}").await, SendOutcome::Accepted { receipt } if receipt.len() == 100));
+    assert!(matches!(client.send("k", "{}", None).await, SendOutcome::Accepted { receipt } if receipt.len() == 100));
     assert!(matches!(client.status("k").await, Ok(KeyStatus::Accepted { .. })));
     Ok(())
 }

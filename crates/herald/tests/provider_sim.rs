@@ -100,7 +100,7 @@ async fn the_slow_simulator_counts_every_call_its_caller_heard_no_answer_to() ->
     let (mut unanswered, mut accepted) = (Vec::new(), 0);
     for i in 0..60 {
         let key = format!("k{i}");
-        match client.send(&key, "{}").await {
+        match client.send(&key, "{}", None).await {
             SendOutcome::Accepted { .. } => accepted += 1,
             SendOutcome::Unknown { .. } => unanswered.push(key),
             other => anyhow::bail!("call {key}: a slow provider still answers or goes silent, got {other:?}"),
@@ -136,7 +136,7 @@ async fn a_request_the_simulator_dies_on_before_executing_it_is_ambiguous() -> a
     let (mut child, url) = start_mode("unkeyed", &ledger, &["--pause"]).await?;
     // The timeout only bounds the test: the kill must end the call first.
     let client = ProviderClient::new(&url, Duration::from_secs(20))?;
-    let call = tokio::spawn(async move { client.send("held", "{}").await });
+    let call = tokio::spawn(async move { client.send("held", "{}", None).await });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while requests_of(&url, "held").await?["requests"] != 1 {
         anyhow::ensure!(tokio::time::Instant::now() < deadline, "the request never arrived");

@@ -58,6 +58,7 @@ async fn write(db: Db, topic: String, w: usize) -> anyhow::Result<BTreeMap<Strin
                 data: vec![b'x'; 100],
                 topic: topic.clone(),
                 partition_key: key.clone(),
+                trace: None,
             };
             outbox::append(&mut tx, &event).await?;
             ids.push((key.clone(), event.id));

@@ -80,6 +80,7 @@ pub fn event_for(key: &str, topic: &str) -> OutboxEvent {
         data: b"payload".to_vec(),
         topic: topic.to_owned(),
         partition_key: key.to_owned(),
+        trace: None,
     }
 }
 

@@ -116,6 +116,7 @@ pub(crate) fn events(topic: &str, n: u64) -> anyhow::Result<Vec<OutboxEvent>> {
                 data: data.clone(),
                 topic: topic.to_owned(),
                 partition_key: key,
+                trace: None,
             }
         })
         .collect())
@@ -182,6 +183,7 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
             data: row.try_get("data")?,
             topic: row.try_get("topic")?,
             partition_key: row.try_get("partition_key")?,
+            trace: None,
         };
         let message = event.to_kafka_record()?;
         let record = FutureRecord::to(&event.topic).key(event.partition_key.as_str()).message_record(&message);
