@@ -15,6 +15,13 @@ use crate::publish::Publisher;
 use crate::slice::{self, End};
 use crate::{RelayConfig, RelayCounters, RelayError, wake};
 
+/// Longest a relay goes without checking its share of the slices. Shorter
+/// than the renewal (a third of the lease): a relay that joins finds the
+/// slices it should take given back within about two of these, not two
+/// renewals — with a 15 s lease, 2 s instead of 10 s during which the
+/// first relay drained almost everything alone (`herald bench scale`).
+const BALANCE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What every slice task of one relay shares.
 pub(crate) struct Shared {
     pub db: Db,
@@ -59,11 +66,13 @@ impl Relay {
         ));
         let mut held: HashMap<i32, Held> = HashMap::new();
         let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
-        let mut tick = tokio::time::interval(config.renew_every);
+        let mut renew = tokio::time::interval(config.renew_every);
+        let mut balance = tokio::time::interval(config.renew_every.min(BALANCE_EVERY));
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                _ = tick.tick() => self.maintain(&mut held, &mut tasks).await,
+                _ = renew.tick() => self.renew(&held).await,
+                _ = balance.tick() => self.balance(&mut held, &mut tasks).await,
                 Some(joined) = tasks.join_next() => {
                     match joined {
                         Ok((slice, token, end)) => {
@@ -93,9 +102,8 @@ impl Relay {
         info!(delivered = RelayCounters::get(&counters.delivered), sent = RelayCounters::get(&counters.sent), "relay stopped");
     }
 
-    /// Renews held leases, stops slices whose lease is gone, and takes or
-    /// gives back slices so that each live relay holds about its share.
-    async fn maintain(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, String, End)>) {
+    /// Renews held leases and stops slices whose lease is gone.
+    async fn renew(&self, held: &HashMap<i32, Held>) {
         let (db, config) = (&self.shared.db, &self.shared.config);
         let claims: Vec<Claim> = held.values().map(|h| h.claim.clone()).collect();
         match store::renew(db, &claims, config.lease_ms()).await {
@@ -106,6 +114,12 @@ impl Relay {
             }
             Err(e) => warn!(error = %e, "renewing leases failed"),
         }
+    }
+
+    /// Heartbeats, then takes or gives back slices so that each live relay
+    /// holds about its share.
+    async fn balance(&self, held: &mut HashMap<i32, Held>, tasks: &mut JoinSet<(i32, String, End)>) {
+        let (db, config) = (&self.shared.db, &self.shared.config);
         let members = match store::heartbeat(db, &config.owner, config.lease_ms()).await {
             Ok(n) => n,
             Err(e) => {

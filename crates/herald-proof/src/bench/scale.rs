@@ -4,16 +4,19 @@
 //! of one group, on a topic of 8 partitions of a real cluster (three private
 //! nodes unless `--kafka` names one).
 //!
-//! Each round is a fresh scratch database and topics of its own: the relays
-//! drain a backlog of `--events` rows written before they start; the
-//! members apply `--events` completion records published before they start.
-//! A round is timed from the processes' spawn to the last row delivered (or
-//! record applied), polled every 200 ms, so process start and the group's
-//! first rebalance are part of it — as they are for an operator scaling out.
-//! Each process reports its own share when it stops (the relay's "relay
-//! stopped" and the subscription's "subscription stopped" log lines carry
-//! `delivered` and `applied`): on 2 cores the point is that adding
-//! processes never lowers the total and none of them starves.
+//! Each round is a fresh scratch database and topics of its own. The
+//! processes start first and the round waits until they have shared the
+//! work out — every relay holds its share of the outbox's slices, or the
+//! group is `Stable` with every member in it — so what is measured is the
+//! throughput of `n` processes, not how fast they join (the relays'
+//! rebalancing takes about two seconds, the group's its join round). Then
+//! `--events` outbox rows are written (relay) or completion records
+//! published (consume), and the round is timed from the first write to the
+//! last row delivered or record applied, polled every 200 ms. Each process
+//! reports its own share when it stops (the relay's "relay stopped" and the
+//! subscription's "subscription stopped" log lines carry `delivered` and
+//! `applied`): on 2 cores the point is that adding processes never lowers
+//! the total and none of them starves.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -25,7 +28,9 @@ use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_projections::search;
 use herald_secret::SecretUrl;
 use herald_store::{Db, inbox, outbox};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde_json::json;
+use sqlx::Row;
 use tokio::process::{Child, Command};
 
 use super::broker::RealCluster;
@@ -110,20 +115,23 @@ async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenc
     let scratch = ScratchDb::create(server, "herald_bench").await?;
     let result = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
-        for start in (0..args.events).step_by(50_000) {
-            relay::insert(&db, &relay::events(&topic, (args.events - start).min(50_000))?).await?;
-        }
         let url = scratch.url.expose().to_owned();
         let role = |i: u32| -> Vec<String> {
             let owner = format!("scale-{run}-{i}");
             ["relay", "--database", &url, "--kafka", &cluster.bootstrap, "--owner", &owner].into_iter().map(str::to_owned).collect()
         };
-        let round = timed(n, logs, &format!("relay-{run}"), role, args.events, "relay stopped", "delivered", || async {
-            Ok(u64::try_from(outbox::count_by_status(&db, outbox::DELIVERED).await?)?)
-        })
-        .await;
+        let mut processes = Processes::spawn(n, logs, &format!("relay-{run}"), role)?;
+        processes.until("every relay holds its share of the slices", || slices_shared(&db, n)).await?;
+        let started = Instant::now();
+        for start in (0..args.events).step_by(50_000) {
+            relay::insert(&db, &relay::events(&topic, (args.events - start).min(50_000))?).await?;
+        }
+        let delivered = || async { Ok(u64::try_from(outbox::count_by_status(&db, outbox::DELIVERED).await?)? >= args.events) };
+        processes.until("every row delivered", delivered).await?;
+        let secs = started.elapsed().as_secs_f64();
+        let per_process = processes.stop("relay stopped", "delivered").await?;
         db.close().await;
-        round
+        Ok(Round { processes: n, events: args.events, secs, per_process })
     }
     .await;
     scratch.drop_db().await;
@@ -136,7 +144,6 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
     let prefix = format!("bench-scale-{run}");
     let topics = Topics::with_prefix(&prefix);
     herald_kafka::ensure_topics(&cluster.kafka, &topics.all(), TopicSettings::partitions(args.partitions)).await?;
-    publish_completions(&cluster.kafka, &topics.events, &run, args.events).await?;
     let scratch = ScratchDb::create(server, "herald_bench").await?;
     let result = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
@@ -148,12 +155,17 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
                 .map(str::to_owned)
                 .collect()
         };
-        let round = timed(n, logs, &format!("consume-{run}"), role, args.events, "subscription stopped", "applied", || async {
-            Ok(u64::try_from(inbox::count(&db, search::SUBSCRIPTION).await?)?)
-        })
-        .await;
+        let mut processes = Processes::spawn(n, logs, &format!("consume-{run}"), role)?;
+        let group_id = format!("{group}.{}", search::SUBSCRIPTION);
+        processes.until("the group is stable with every member", || group_stable(&cluster.kafka, &group_id, n)).await?;
+        let started = Instant::now();
+        publish_completions(&cluster.kafka, &topics.events, &run, args.events).await?;
+        let applied = || async { Ok(u64::try_from(inbox::count(&db, search::SUBSCRIPTION).await?)? >= args.events) };
+        processes.until("every record applied", applied).await?;
+        let secs = started.elapsed().as_secs_f64();
+        let per_process = processes.stop("subscription stopped", "applied").await?;
         db.close().await;
-        round
+        Ok(Round { processes: n, events: args.events, secs, per_process })
     }
     .await;
     scratch.drop_db().await;
@@ -169,49 +181,77 @@ async fn publish_completions(kafka: &KafkaConfig, topic: &str, run: &str, n: u64
     Ok(())
 }
 
-/// Spawns `n` processes (`role(i)` their arguments), waits until
-/// `progress()` reaches `want`, stops them with SIGTERM and reads each
-/// one's `field` from its last `message` log line.
-#[allow(clippy::too_many_arguments)]
-async fn timed<F, Fut>(
-    n: u32,
-    logs: &Path,
-    name: &str,
-    role: impl Fn(u32) -> Vec<String>,
-    want: u64,
-    message: &str,
-    field: &str,
-    mut progress: F,
-) -> anyhow::Result<Round>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<u64>>,
-{
-    let mut children = Vec::new();
-    let started = Instant::now();
-    for i in 0..n {
-        let log = logs.join(format!("{name}-{i}.log"));
-        children.push((spawn(&role(i), &log)?, log));
-    }
-    let mut done = 0;
-    while done < want {
-        for (child, log) in &mut children {
-            if let Some(status) = child.try_wait()? {
-                anyhow::bail!("a process of {name} exited ({status}) after {done} of {want}; its log: {}", log.display());
-            }
+/// Every relay holds a live claim and none more than its share of the
+/// slices: the relays have finished rebalancing.
+async fn slices_shared(db: &Db, n: u32) -> anyhow::Result<bool> {
+    let rows = sqlx::query(&format!(
+        "SELECT COUNT(*) AS held FROM relay_slices WHERE claim_owner IS NOT NULL AND claim_expires_at_ms > {} GROUP BY claim_owner",
+        db.now_sql()
+    ))
+    .fetch_all(db.pool())
+    .await?;
+    let held: Vec<i64> = rows.iter().map(|r| r.try_get("held")).collect::<Result<_, _>>()?;
+    let share = (i64::from(herald_store::outbox::SLICES) + i64::from(n) - 1) / i64::from(n);
+    Ok(held.len() == n as usize && held.iter().all(|h| *h <= share) && held.iter().sum::<i64>() == i64::from(herald_store::outbox::SLICES))
+}
+
+/// The group has settled its assignment with all `n` members in it.
+async fn group_stable(kafka: &KafkaConfig, group: &str, n: u32) -> anyhow::Result<bool> {
+    let (kafka, group) = (kafka.clone(), group.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let reader: BaseConsumer = kafka.reader().create()?;
+        let list = reader.fetch_group_list(Some(&group), Duration::from_secs(10))?;
+        Ok(list.groups().iter().any(|g| g.state() == "Stable" && g.members().len() == n as usize))
+    })
+    .await?
+}
+
+/// The processes of one round, each with its log file.
+struct Processes {
+    name: String,
+    children: Vec<(Child, PathBuf)>,
+    started: Instant,
+}
+
+impl Processes {
+    fn spawn(n: u32, logs: &Path, name: &str, role: impl Fn(u32) -> Vec<String>) -> anyhow::Result<Processes> {
+        let mut children = Vec::new();
+        for i in 0..n {
+            let log = logs.join(format!("{name}-{i}.log"));
+            children.push((spawn(&role(i), &log)?, log));
         }
-        anyhow::ensure!(started.elapsed() < ROUND_LIMIT, "{name}: {done} of {want} in {ROUND_LIMIT:?}");
-        tokio::time::sleep(POLL).await;
-        done = progress().await?;
+        Ok(Processes { name: name.to_owned(), children, started: Instant::now() })
     }
-    let secs = started.elapsed().as_secs_f64();
-    let mut per_process = Vec::new();
-    for (mut child, log) in children {
-        let pid = child.id().context("the process exited before its stop")?;
-        memory::stop(&mut child, pid).await?;
-        per_process.push(last_field(&log, message, field)?);
+
+    /// Polls `check` every 200 ms until it holds; fails if a process exits.
+    async fn until<F, Fut>(&mut self, what: &str, mut check: F) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<bool>>,
+    {
+        while !check().await? {
+            for (child, log) in &mut self.children {
+                if let Some(status) = child.try_wait()? {
+                    anyhow::bail!("a process of {} exited ({status}) before {what}; its log: {}", self.name, log.display());
+                }
+            }
+            anyhow::ensure!(self.started.elapsed() < ROUND_LIMIT, "{}: not {what} in {ROUND_LIMIT:?}", self.name);
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
     }
-    Ok(Round { processes: n, events: want, secs, per_process })
+
+    /// Stops every process with SIGTERM and reads each one's `field` from
+    /// its last `message` log line.
+    async fn stop(self, message: &str, field: &str) -> anyhow::Result<Vec<Option<u64>>> {
+        let mut per_process = Vec::new();
+        for (mut child, log) in self.children {
+            let pid = child.id().context("the process exited before its stop")?;
+            memory::stop(&mut child, pid).await?;
+            per_process.push(last_field(&log, message, field)?);
+        }
+        Ok(per_process)
+    }
 }
 
 /// `herald <args>` with JSON logs to `log`: warnings, and the info lines
