@@ -127,9 +127,7 @@ fn row_to_claimed(row: &AnyRow, sent: Instant) -> Result<Claimed, StoreError> {
         first_attempt_at_ms: row.try_get("first_attempt_at_ms")?,
         may_have_executed: row.try_get::<i32, _>("may_have_executed")? == 1,
         claimed_at: DbInstant { db_ms: row.try_get("db_now_ms")?, sent },
-        trace: row
-            .try_get::<Option<String>, _>("traceparent")?
-            .and_then(|parent| TraceContext::parse(&parent, row.try_get::<Option<String>, _>("tracestate").ok().flatten().as_deref())),
+        trace: herald_store::outbox::trace_of(row)?,
     })
 }
 

@@ -69,7 +69,7 @@ type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q
 
 /// Binds one row's values: the single place that decides what a new outbox
 /// row holds, for single and bulk appends alike.
-fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQuery<'q> {
+fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, trace: Option<&'q TraceContext>, now: i64) -> AnyQuery<'q> {
     query
         .bind(&event.id)
         .bind(&event.source)
@@ -83,8 +83,8 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQue
         .bind(PENDING)
         .bind(now)
         .bind(slice_of(&event.partition_key))
-        .bind(event.trace.as_ref().map(|t| t.traceparent.as_str()))
-        .bind(event.trace.as_ref().and_then(|t| t.tracestate.as_deref()))
+        .bind(trace.map(|t| t.traceparent.as_str()))
+        .bind(trace.and_then(|t| t.tracestate.as_deref()))
 }
 
 /// Appends `event` inside the caller's transaction; returns its sequence.
@@ -92,16 +92,10 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, now: i64) -> AnyQue
 /// a child of the caller's span: the relay and every consumer join it.
 pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreError> {
     let span = tracing::info_span!("outbox.append", event_id = %event.id, event_type = %event.event_type, topic = %event.topic);
-    let traced;
-    let event = match (&event.trace, herald_trace::context_of(&span)) {
-        (None, Some(trace)) => {
-            traced = event.clone().with_trace(Some(trace));
-            &traced
-        }
-        _ => event,
-    };
+    let own = event.trace.is_none().then(|| herald_trace::context_of(&span)).flatten();
+    let trace = event.trace.as_ref().or(own.as_ref());
     let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq", placeholders(1, INSERT_COLUMN_COUNT));
-    let row = bind_row(sqlx::query(&sql), event, now_ms()).fetch_one(&mut **tx).instrument(span).await?;
+    let row = bind_row(sqlx::query(&sql), event, trace, now_ms()).fetch_one(&mut **tx).instrument(span).await?;
     Ok(row.try_get("seq")?)
 }
 
@@ -131,9 +125,10 @@ pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
     })
 }
 
-/// The stored trace context of a row read with [`ROW_COLUMNS`]; a value
-/// that is not a W3C traceparent (written by hand) is no context.
-fn trace_of(row: &AnyRow) -> Result<Option<TraceContext>, StoreError> {
+/// The stored trace context of a row with `traceparent` and `tracestate`
+/// columns (outbox rows, notification intents); a value that is not a W3C
+/// traceparent (written by hand) is no context.
+pub fn trace_of(row: &AnyRow) -> Result<Option<TraceContext>, StoreError> {
     let parent: Option<String> = row.try_get("traceparent")?;
     let state: Option<String> = row.try_get("tracestate")?;
     Ok(parent.and_then(|p| TraceContext::parse(&p, state.as_deref())))
@@ -336,7 +331,7 @@ pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), 
         let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES {}", values.join(", "));
         let mut query = sqlx::query(&sql);
         for event in chunk {
-            query = bind_row(query, event, now);
+            query = bind_row(query, event, event.trace.as_ref(), now);
         }
         query.execute(&mut **tx).await?;
     }
