@@ -14,7 +14,7 @@ use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
 use herald_store::{Db, dead_letter, inbox};
 use herald_testkit::TestDb;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{ClientConfig, Offset};
 use sqlx::Row;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -101,16 +101,31 @@ impl Bed {
     }
 
     /// Sum over partitions of the offsets `group` has committed.
+    /// The group's committed offsets (summed) once they are final: an
+    /// auto-commit a killed member sent just before it died may still be
+    /// queued at the coordinator, so this joins the group as a member that
+    /// never commits and reads only when it holds every partition — the
+    /// coordinator has expired the dead member by then.
     async fn committed(&self, subscription: &str) -> anyhow::Result<i64> {
         let (brokers, topic) = (self.kafka.bootstrap_servers().to_owned(), self.topics.events.clone());
         let group = format!("{}.{subscription}", self.group_prefix);
         tokio::task::spawn_blocking(move || -> anyhow::Result<i64> {
-            let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).set("group.id", &group).create()?;
-            let mut tpl = TopicPartitionList::new();
-            for p in 0..PARTITIONS {
-                tpl.add_partition(&topic, p);
+            let probe: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("group.id", &group)
+                .set("enable.auto.commit", "false")
+                .set("session.timeout.ms", "6000")
+                .create()?;
+            probe.subscribe(&[&topic])?;
+            let deadline = std::time::Instant::now() + PATIENCE;
+            while probe.assignment()?.count() < PARTITIONS as usize {
+                anyhow::ensure!(std::time::Instant::now() < deadline, "the probe never held all {PARTITIONS} partitions");
+                if let Some(Err(e)) = probe.poll(Duration::from_millis(100)) {
+                    anyhow::bail!("probe: {e}");
+                }
             }
-            let committed = consumer.committed_offsets(tpl, Duration::from_secs(10))?;
+            let committed = probe.committed(Duration::from_secs(10))?;
+            probe.unsubscribe();
             Ok(committed.elements().iter().map(|e| if let Offset::Offset(o) = e.offset() { o } else { 0 }).sum())
         })
         .await?
@@ -174,7 +189,6 @@ async fn sigkill_between_commit_and_offsets(database: Database) -> anyhow::Resul
     first.wait_line("herald-fault: paused after commit of batch 2").await?;
     first.child.start_kill()?; // SIGKILL
     first.child.wait().await?;
-
     let applied = inbox::count(&bed.db, "stats").await?;
     let committed = bed.committed("stats").await?;
     assert!(applied >= 2, "two batches committed before the kill: {applied}");
