@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
-use tracing::warn;
+use tracing::{Instrument, warn};
 use utoipa::ToSchema;
 
 use crate::problem::Problem;
@@ -164,10 +164,11 @@ impl Drop for Role {
     }
 }
 
-/// Runs `task` as the role `role`: running while it runs, stopped after.
+/// Runs `task` as the role `role`: running while it runs, stopped after;
+/// inside the role's own span, so its log lines carry trace ids.
 pub async fn track<T>(role: Role, task: impl Future<Output = T>) -> T {
     role.running();
-    let out = task.await;
+    let out = task.instrument(herald_trace::run_span(&role.name)).await;
     drop(role);
     out
 }

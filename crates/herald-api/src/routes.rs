@@ -55,7 +55,6 @@ pub fn router(state: AppState) -> Router {
         // with an empty body (axum keeps the `Allow` header of a 405).
         .fallback(|| async { Problem::not_found() })
         .method_not_allowed_fallback(|| async { Problem::method_not_allowed() })
-        .layer(axum::middleware::from_fn(crate::trace::request_span))
         .with_state(state)
 }
 
@@ -66,8 +65,10 @@ pub async fn serve(listener: TcpListener, state: AppState, shutdown: Cancellatio
 }
 
 /// Serves `app` (e.g. `router(state)` merged with `observe::routes`) until
-/// `shutdown`, finishing requests in flight.
+/// `shutdown`, finishing requests in flight. Every route, merged ones too,
+/// answers inside an `http.request` span.
 pub async fn serve_router(listener: TcpListener, app: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+    let app = app.layer(axum::middleware::from_fn(crate::trace::request_span));
     axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await
 }
 

@@ -15,6 +15,7 @@ use tracing::field::Empty;
 pub async fn request_span(request: Request, next: Next) -> Response {
     let route = request.extensions().get::<MatchedPath>().map_or("unmatched", MatchedPath::as_str).to_owned();
     let span = tracing::info_span!(
+        parent: None,
         "http.request",
         "http.request.method" = %request.method(),
         "http.route" = %route,

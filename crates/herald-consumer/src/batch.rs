@@ -102,6 +102,7 @@ impl<H: Handler> Applier<'_, H> {
         events
             .map(|(msg, event)| {
                 let span = tracing::info_span!(
+                    parent: None,
                     "subscription.apply",
                     subscription = self.subscription,
                     event_id = %event.key.id,

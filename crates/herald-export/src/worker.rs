@@ -162,7 +162,7 @@ impl Processor for ExportWorker {
         }
         let command: ExportRequested = event.data_as().map_err(|e| ProcessError::Permanent(e.to_string()))?;
         // The attempt continues the trace of the request that created the job.
-        let span = info_span!("export.attempt", job_id = %command.job_id, event_id = %event.key.id, generation = tracing::field::Empty);
+        let span = info_span!(parent: None, "export.attempt", job_id = %command.job_id, event_id = %event.key.id, generation = tracing::field::Empty);
         herald_trace::set_parent(&span, event.trace.as_ref());
         match self.handle(&command.job_id).instrument(span).await {
             Ok(Outcome::Skipped) => Ok(Processed::Unchanged),

@@ -180,7 +180,7 @@ impl Dispatcher {
             return self.record(claimed, &transition, true).await;
         }
         let Some(start) = self.start_call(claimed).await? else { return Ok(Step::NotMine) };
-        let call = tracing::info_span!("notify.provider_call", idempotency_key = %claimed.key, recipient = %claimed.recipient, attempt = start.attempts);
+        let call = tracing::info_span!(parent: None, "notify.provider_call", idempotency_key = %claimed.key, recipient = %claimed.recipient, attempt = start.attempts);
         herald_trace::set_parent(&call, claimed.trace.as_ref());
         // The provider hears the call's own span; without ids (no layer), the event's.
         let trace = herald_trace::context_of(&call).or_else(|| claimed.trace.clone());

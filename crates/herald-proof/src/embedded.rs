@@ -8,7 +8,7 @@ use anyhow::Context;
 use herald_notify::provider::Capabilities;
 use herald_wiring::config::Environment;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info};
 
 use crate::sim::{self, FaultSwitches, Ledger, SimConfig};
 
@@ -31,7 +31,7 @@ pub async fn start_provider(env: &Environment, faults: FaultSwitches) -> anyhow:
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let config = SimConfig::keyed(KEY_RETENTION);
-    tokio::spawn(sim::serve(listener, ledger, config, faults, CancellationToken::new()));
+    tokio::spawn(sim::serve(listener, ledger, config, faults, CancellationToken::new()).in_current_span());
     // Keyed and queryable, as the simulator is; 5xx stay "may have executed".
     let caps = Capabilities::keyed(KEY_RETENTION);
     info!(%url, honours_keys = caps.honours_keys, queryable = caps.queryable, "embedded keyed provider simulator; its capabilities replace the --notify-* flags");

@@ -96,6 +96,7 @@ fn publish_span(row: &OutboxRow) -> Option<Span> {
         return None;
     }
     let span = tracing::info_span!(
+        parent: None,
         "relay.publish",
         event_id = %row.event.id,
         event_type = %row.event.event_type,

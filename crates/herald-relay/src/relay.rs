@@ -8,7 +8,7 @@ use herald_kafka::KafkaConfig;
 use herald_store::Db;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::claims::{self as store, Claim, SLICES};
 use crate::publish::Publisher;
@@ -58,12 +58,10 @@ impl Relay {
     pub async fn run(&self, shutdown: CancellationToken) {
         let config = &self.shared.config;
         info!(owner = %config.owner, batch = config.batch_size, lease_ms = config.lease_ms(), "relay started");
-        let listener = tokio::spawn(wake::listen(
-            self.shared.db.clone(),
-            self.shared.wake.clone(),
-            self.shared.counters.clone(),
-            shutdown.child_token(),
-        ));
+        let listener = tokio::spawn(
+            wake::listen(self.shared.db.clone(), self.shared.wake.clone(), self.shared.counters.clone(), shutdown.child_token())
+                .in_current_span(),
+        );
         let mut held: HashMap<i32, Held> = HashMap::new();
         let mut tasks: JoinSet<(i32, String, End)> = JoinSet::new();
         let mut renew = tokio::time::interval(config.renew_every);
@@ -150,7 +148,7 @@ impl Relay {
                         old.stop.cancel();
                     }
                     let (shared, slice, token) = (self.shared.clone(), claim.slice, claim.token.clone());
-                    tasks.spawn(async move { (slice, token, slice::run(shared, claim, stop).await) });
+                    tasks.spawn(async move { (slice, token, slice::run(shared, claim, stop).await) }.in_current_span());
                 }
             }
             Err(e) => warn!(error = %e, "claiming slices failed"),

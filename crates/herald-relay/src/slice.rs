@@ -22,7 +22,7 @@ use herald_store::{Backend, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
 use crate::relay::Shared;
@@ -161,7 +161,8 @@ impl Worker {
         let stopped = settled.stopped;
         let (db, claim, cursor, ttl) = (self.shared.db.clone(), self.claim.clone(), next.clone(), config.lease_ms());
         let (recovered, setbacks) = (settled.recovered.clone(), settled.setbacks.clone());
-        let write = tokio::spawn(async move { store::record_progress(&db, &claim, &cursor, &recovered, &setbacks, ttl).await });
+        let write =
+            tokio::spawn(async move { store::record_progress(&db, &claim, &cursor, &recovered, &setbacks, ttl).await }.in_current_span());
         // The next batch is read from here while this one's progress commits.
         self.cursor = next.clone();
         self.recording = Some(Recording { next, settled, write });

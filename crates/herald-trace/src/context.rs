@@ -26,6 +26,19 @@ pub fn context_of(span: &Span) -> Option<TraceContext> {
     TraceContext::parse(carrier.get("traceparent")?, carrier.get("tracestate").map(String::as_str))
 }
 
+/// The root span a command or a long-running role runs in, so the lines it
+/// logs outside any unit of work (start-up, claims, rebalances, shutdown)
+/// still carry trace and span ids: one trace per role per process. Units of
+/// work (a request, a publish, an apply, an attempt, a provider call) start
+/// traces of their own (`parent: None`) and never join it. The span is
+/// started at once so its events go to the SDK span, whose limit (128 events)
+/// bounds what a role running for weeks keeps in memory.
+pub fn run_span(role: &str) -> Span {
+    let span = tracing::info_span!(parent: None, "herald.run", role);
+    let _ = span.context();
+    span
+}
+
 /// Makes `span` a child of the span `trace` names, so it continues that
 /// trace; `None` leaves it a root. Call before the span is entered.
 pub fn set_parent(span: &Span, trace: Option<&TraceContext>) {

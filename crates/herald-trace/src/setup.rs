@@ -8,7 +8,6 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Level;
 use tracing_subscriber::filter::{EnvFilter, Targets};
 use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, Registry};
 
 /// Log lines on stderr: text for people, JSON for collectors.
@@ -24,6 +23,9 @@ pub enum LogFormat {
 pub enum TracingError {
     #[error("OTLP exporter: {0} (check OTEL_EXPORTER_OTLP_ENDPOINT and the other OTEL_* variables)")]
     Exporter(String),
+    /// A bug: something installed a subscriber or a logger before us.
+    #[error("installing the log subscriber: {0}")]
+    Installed(String),
 }
 
 static RECORDING: AtomicBool = AtomicBool::new(false);
@@ -47,6 +49,7 @@ impl Tracing {
     }
 
     fn flush(&mut self) {
+        crate::bridge::release();
         if let Some(provider) = self.provider.take()
             && recording()
             && let Err(e) = provider.shutdown()
@@ -70,7 +73,9 @@ pub fn init(format: LogFormat, default_filter: &str) -> Result<Tracing, TracingE
     let provider = provider()?;
     let tracer = provider.tracer("herald");
     let spans = tracing_opentelemetry::layer().with_tracer(tracer).with_filter(herald_spans());
-    tracing_subscriber::registry().with(logs(format, default_filter)).with(spans).init();
+    let subscriber = tracing_subscriber::registry().with(logs(format, default_filter)).with(spans);
+    tracing::subscriber::set_global_default(subscriber).map_err(|e| TracingError::Installed(e.to_string()))?;
+    crate::bridge::install().map_err(|e| TracingError::Installed(e.to_string()))?;
     Ok(Tracing { provider: Some(provider) })
 }
 

@@ -11,7 +11,7 @@ use herald_fault::Spec;
 use herald_kafka::{KafkaConfig, Topics};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::config::Backends;
 use crate::subscriptions::{self, Name};
@@ -78,11 +78,14 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     let sub = args.subscription.subscription(&args.backends.group_prefix, &kafka, &topics.events);
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
-    tokio::spawn(async move {
-        crate::signals::wait_for_stop().await;
-        info!("shutdown requested; finishing the batch in flight");
-        signal.cancel();
-    });
+    tokio::spawn(
+        async move {
+            crate::signals::wait_for_stop().await;
+            info!("shutdown requested; finishing the batch in flight");
+            signal.cancel();
+        }
+        .in_current_span(),
+    );
     let metrics = Metrics::default();
     if args.start_at.is_some() && args.subscription != Name::Notify {
         eprintln!("error: --start-at applies to the notify subscription only");

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use herald_proof::sim::{self, FaultSwitches, Ledger, Mode, SimConfig, Slowness};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum SimMode {
@@ -57,10 +58,13 @@ pub async fn run(args: ProviderSimArgs) -> anyhow::Result<ExitCode> {
     };
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
-    tokio::spawn(async move {
-        crate::signals::wait_for_stop().await;
-        signal.cancel();
-    });
+    tokio::spawn(
+        async move {
+            crate::signals::wait_for_stop().await;
+            signal.cancel();
+        }
+        .in_current_span(),
+    );
     let slow = args.slow_around.map(|call_timeout| Slowness { call_timeout });
     sim::serve(listener, ledger, SimConfig { mode, key_retention: args.key_retention, slow }, faults, shutdown).await?;
     Ok(ExitCode::SUCCESS)

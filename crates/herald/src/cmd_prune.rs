@@ -18,6 +18,7 @@ use herald_store::prune::Kind;
 use herald_wiring::prune::{self, PruneOptions, Pruned};
 use herald_wiring::retention::{self, TopicRetention};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 const DAY: Duration = Duration::from_secs(86_400);
 
@@ -130,10 +131,13 @@ pub async fn run(args: PruneArgs) -> anyhow::Result<ExitCode> {
     let db = args.database.open("herald prune", herald_wiring::connection::Schema::Check).await?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
-    let stop = tokio::spawn(async move {
-        crate::signals::wait_for_stop().await;
-        signal.cancel();
-    });
+    let stop = tokio::spawn(
+        async move {
+            crate::signals::wait_for_stop().await;
+            signal.cancel();
+        }
+        .in_current_span(),
+    );
     let pruned = prune::prune(&db, &args.pace.options(args.older_than_days, args.only), &shutdown).await?;
     stop.abort();
     print!("{}", render(&pruned));

@@ -14,6 +14,7 @@ use herald_store::Db;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum ProjectionName {
@@ -172,10 +173,13 @@ async fn build_generation<P: Projection>(
     };
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
-    tokio::spawn(async move {
-        crate::signals::wait_for_stop().await;
-        signal.cancel();
-    });
+    tokio::spawn(
+        async move {
+            crate::signals::wait_for_stop().await;
+            signal.cancel();
+        }
+        .in_current_span(),
+    );
     let mut progress = Reporter::new(build.json);
     let report = match rebuild::rebuild(db, projection, &options, &mut progress, &shutdown).await {
         Ok(report) => report,

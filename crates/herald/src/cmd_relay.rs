@@ -9,7 +9,7 @@ use clap::Args;
 use herald_kafka::Topics;
 use herald_relay::{Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 #[derive(Debug, Clone, Args)]
 pub struct RelayArgs {
@@ -48,12 +48,15 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
     let (topic_kafka, settings) = (kafka.clone(), args.topic.settings());
-    tokio::spawn(async move {
-        let topics = Topics::default();
-        if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &topics.all(), settings).await {
-            warn!(error = %e, "could not make sure Herald's topics exist");
+    tokio::spawn(
+        async move {
+            let topics = Topics::default();
+            if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &topics.all(), settings).await {
+                warn!(error = %e, "could not make sure Herald's topics exist");
+            }
         }
-    });
+        .in_current_span(),
+    );
     let faults = herald_fault::from_env()?;
     let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, faults, ..RelayConfig::default() }
         .with_lease(Duration::from_millis(args.lease_ms));
@@ -63,11 +66,14 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     let relay = Relay::new(db, &kafka, config)?;
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();
-    tokio::spawn(async move {
-        crate::signals::wait_for_stop().await;
-        info!("shutdown requested; draining");
-        signal.cancel();
-    });
+    tokio::spawn(
+        async move {
+            crate::signals::wait_for_stop().await;
+            info!("shutdown requested; draining");
+            signal.cancel();
+        }
+        .in_current_span(),
+    );
     relay.run(shutdown).await;
     Ok(ExitCode::SUCCESS)
 }

@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info};
 
 use config::Backends;
 
@@ -125,7 +125,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let (cli, file) = match parse_cli(std::env::args_os().collect()) {
+    let (cli, file, name) = match parse_cli(std::env::args_os().collect()) {
         Ok(parsed) => parsed,
         Err(code) => return code,
     };
@@ -150,32 +150,42 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let outcome = runtime.block_on(run(cli.command, file));
+    let span = herald_trace::process_span(&name);
+    let outcome = runtime.block_on(run(cli.command, file).instrument(span.clone()));
     // The exporter's client blocks: flush the last spans outside the runtime.
     drop(runtime);
+    let code = span.in_scope(|| exit_code(outcome, format));
+    drop(span);
     tracing.shutdown();
-    match outcome {
-        Ok(code) => code,
-        // An operator's decision, or flags that contradict each other: exit 2 like bad input.
-        Err(e)
-            if e.downcast_ref::<notify_start::Refused>().is_some()
-                || e.downcast_ref::<InvalidNotifyArgs>().is_some()
-                || e.downcast_ref::<herald_fault::SpecError>().is_some()
-                || e.downcast_ref::<herald::connection::BadConnection>().is_some() =>
-        {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+    code
+}
+
+/// The command's exit code; its error, if any, on stderr: a plain message,
+/// or with `--log-format json` a log line like every other (with the ids of
+/// the command's span).
+fn exit_code(outcome: anyhow::Result<ExitCode>, format: herald_trace::LogFormat) -> ExitCode {
+    let e = match outcome {
+        Ok(code) => return code,
+        Err(e) => e,
+    };
+    // An operator's decision, or flags that contradict each other: exit 2 like bad input.
+    let rejected = e.downcast_ref::<notify_start::Refused>().is_some()
+        || e.downcast_ref::<InvalidNotifyArgs>().is_some()
+        || e.downcast_ref::<herald_fault::SpecError>().is_some()
+        || e.downcast_ref::<herald::connection::BadConnection>().is_some();
+    let (message, code) = if rejected { (format!("{e}"), ExitCode::from(2)) } else { (format!("{e:#}"), ExitCode::FAILURE) };
+    // A filter that silences errors must not silence this one.
+    if format == herald_trace::LogFormat::Json && tracing::enabled!(tracing::Level::ERROR) {
+        tracing::error!(error = %message, exit_code = if rejected { 2 } else { 1 }, "herald stopped");
+    } else {
+        eprintln!("error: {message}");
     }
+    code
 }
 
 /// The command line with `herald.toml` (`--config`, `HERALD_CONFIG`) under
 /// it; a bad file or bad flags print their error and give the exit code.
-fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<ConfigFile>), ExitCode> {
+fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<ConfigFile>, String), ExitCode> {
     let command = Cli::command();
     let usage_error = |e: clap::Error| {
         let usage = e.use_stderr();
@@ -194,7 +204,8 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<ConfigFile>), ExitCode>
     };
     let matches = config_file::parse(&command, &resolved, file.as_ref()).map_err(usage_error)?;
     let cli = Cli::from_arg_matches(&matches).map_err(usage_error)?;
-    Ok((cli, file))
+    let name = matches.subcommand_name().unwrap_or("herald").to_owned();
+    Ok((cli, file, name))
 }
 
 async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitCode> {
@@ -307,11 +318,14 @@ async fn serve(
         }
     }
     let shutdown: CancellationToken = running.shutdown.clone();
-    tokio::spawn(async move {
-        herald::signals::wait_for_stop().await;
-        info!("shutdown requested; draining");
-        shutdown.cancel();
-    });
+    tokio::spawn(
+        async move {
+            herald::signals::wait_for_stop().await;
+            info!("shutdown requested; draining");
+            shutdown.cancel();
+        }
+        .in_current_span(),
+    );
     running.until_stopped().await?;
     Ok(ExitCode::SUCCESS)
 }

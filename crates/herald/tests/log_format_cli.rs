@@ -68,3 +68,67 @@ async fn text_is_the_default_and_other_formats_are_refused() -> anyhow::Result<(
     assert!(String::from_utf8_lossy(&out.stderr).contains("--log-format"));
     Ok(())
 }
+
+/// The ids of a JSON line's span: every line has them, collector or not.
+fn ids(line: &serde_json::Value) -> (String, String) {
+    let text = |key: &str| line["openTelemetry"][key].as_str().unwrap_or_default().to_owned();
+    let (trace, span) = (text("traceId"), text("spanId"));
+    assert!(trace.len() == 32 && span.len() == 16, "trace and span ids in {line}");
+    (trace, span)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_json_line_carries_trace_ids_even_librdkafkas_and_the_exit_error() -> anyhow::Result<()> {
+    let lines = serve_logs(&["--log-format", "json"], &[]).await?;
+    for line in &lines {
+        ids(&serde_json::from_str(line)?);
+    }
+
+    // librdkafka logs on its own threads, outside any span; its lines join the
+    // command's span. A relay on a port nobody listens on logs them at once.
+    let tmp = tempfile::tempdir()?;
+    let db = format!("sqlite:{}", tmp.path().join("h.db").display());
+    let herald = || {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.env("HERALD_LOG", "info").env_remove("OTEL_EXPORTER_OTLP_ENDPOINT").stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd
+    };
+    let migrated = herald().args(["migrate", "--database", &format!("{db}?mode=rwc")]).output().await?;
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    let mut relay =
+        herald().args(["relay", "--log-format", "json", "--database", &db, "--kafka", "127.0.0.1:1"]).kill_on_drop(true).spawn()?;
+    let mut stderr = BufReader::new(relay.stderr.take().expect("stderr")).lines();
+    let (mut librdkafka, mut started) = (None, None);
+    let read = async {
+        while let Some(line) = stderr.next_line().await? {
+            let line: serde_json::Value = serde_json::from_str(&line).map_err(|e| anyhow::anyhow!("{e}: {line}"))?;
+            let message = line["message"].as_str().unwrap_or_default();
+            if message.starts_with("librdkafka:") {
+                librdkafka.get_or_insert(ids(&line));
+            } else if message == "relay started" {
+                started = Some(ids(&line));
+            }
+            if librdkafka.is_some() && started.is_some() {
+                return anyhow::Ok(());
+            }
+        }
+        anyhow::bail!("the relay ended before logging a librdkafka line and its start")
+    };
+    tokio::time::timeout(Duration::from_secs(120), read).await??;
+    relay.kill().await?;
+    let (librdkafka, started) = (librdkafka.expect("seen"), started.expect("seen"));
+    assert_eq!(librdkafka.0, started.0, "librdkafka's lines are in the relay command's trace");
+
+    // A command that fails reports its error as a JSON line too (exit 2 here:
+    // the database has no Herald schema).
+    let empty = format!("sqlite:{}?mode=rwc", tmp.path().join("empty.db").display());
+    let failed = herald().args(["relay", "--log-format", "json", "--database", &empty, "--kafka", "127.0.0.1:1"]).output().await?;
+    assert_eq!(failed.status.code(), Some(2), "{}", String::from_utf8_lossy(&failed.stderr));
+    let stderr = String::from_utf8_lossy(&failed.stderr);
+    let last: serde_json::Value =
+        serde_json::from_str(stderr.lines().last().unwrap_or_default()).map_err(|e| anyhow::anyhow!("{e}: {stderr}"))?;
+    assert_eq!((last["level"].as_str(), last["exit_code"].as_i64()), (Some("ERROR"), Some(2)), "{last}");
+    assert!(last["error"].as_str().unwrap_or_default().contains("herald migrate"), "{last}");
+    ids(&last);
+    Ok(())
+}

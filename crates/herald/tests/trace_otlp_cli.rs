@@ -193,6 +193,32 @@ async fn stop(mut child: Child) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Every JSON line carries trace and span ids; a role's own lines (outside
+/// any unit of work) name the role's run span, a trace of its own that no
+/// request joins.
+async fn every_line_names_a_trace(lines: &[String], collector: &Collector) -> anyhow::Result<()> {
+    let valid = |id: &Value, len: usize| id.as_str().is_some_and(|id| id.len() == len && id.bytes().any(|b| b != b'0'));
+    let mut started = None;
+    for line in lines {
+        let line: Value = serde_json::from_str(line).map_err(|e| anyhow::anyhow!("not a JSON line ({e}): {line}"))?;
+        let ids = &line["openTelemetry"];
+        anyhow::ensure!(valid(&ids["traceId"], 32) && valid(&ids["spanId"], 16), "a line without trace ids: {line}");
+        if line["message"] == "subscription started" && line["subscription"] == "search" {
+            started = Some(ids.clone());
+        }
+    }
+    let ids = started.ok_or_else(|| anyhow::anyhow!("no `subscription started` line for search"))?;
+    assert_ne!(ids["traceId"], TRACE_ID, "a role's lines are not in a request's trace");
+    let run = eventually("the search role's run span", || {
+        collector.spans().into_iter().find(|s| s.name == "herald.run" && s.attributes.get("role").is_some_and(|r| r == "search"))
+    })
+    .await?;
+    assert_eq!((ids["traceId"].as_str(), ids["spanId"].as_str()), (Some(run.trace_id.as_str()), Some(run.span_id.as_str())), "{run:?}");
+    let joined: Vec<Seen> = collector.spans().into_iter().filter(|s| s.trace_id == TRACE_ID && s.name == "herald.run").collect();
+    assert!(joined.is_empty(), "no run span in the request's trace: {joined:?}");
+    Ok(())
+}
+
 fn partitions(brokers: &str, topic: &str) -> anyhow::Result<i32> {
     let consumer: BaseConsumer = rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -224,7 +250,7 @@ async fn one_trace_links_the_request_the_publish_the_apply_and_the_provider_call
     let log = Arc::new(Mutex::new(Vec::new()));
     let mut stderr = BufReader::new(serve.stderr.take().expect("stderr")).lines();
     let kept = log.clone();
-    tokio::spawn(async move {
+    let reader = tokio::spawn(async move {
         while let Ok(Some(line)) = stderr.next_line().await {
             kept.lock().expect("log").push(line);
         }
@@ -285,6 +311,9 @@ async fn one_trace_links_the_request_the_publish_the_apply_and_the_provider_call
         assert_eq!(traceparent.get(3..35), Some(TRACE_ID), "ce_traceparent of {record:?}");
     }
     stop(serve).await?;
+    reader.await?;
+    let lines = log.lock().expect("log").clone();
+    every_line_names_a_trace(&lines, &collector).await?;
 
     let calls_before = provider.calls.lock().expect("provider").len();
     let rebuild = setup.herald("herald-rebuild", "rebuild", &["search", "--switch", "manual"]).stdout(Stdio::piped()).output().await?;

@@ -27,7 +27,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::{Mutex, oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info};
 
 pub use ledger::{Applied, KeyEffects, KeyRequests, Ledger, Totals};
 pub use listener::{ConnCut, RefusableListener, RefuseSwitch};
@@ -104,6 +104,8 @@ pub async fn serve(
         .route("/effects/ambiguous", get(ambiguous))
         .route("/requests/{key}", get(key_requests))
         .route("/faults", post(set_faults))
+        // As a traced provider would: each call continues the caller's trace.
+        .layer(axum::middleware::from_fn(herald_api::trace::request_span))
         .with_state(sim);
     let listener = RefusableListener::new(listener, refuse)?;
     info!(addr = %axum::serve::Listener::local_addr(&listener)?, "provider simulator listening");
@@ -125,7 +127,7 @@ async fn notify(State(sim): State<Sim>, ConnectInfo(conn): ConnectInfo<ConnCut>,
     // A provider finishes what it started even when the caller hangs up, so
     // the request is served in its own task, not in this handler, which
     // hyper drops when the caller goes; that also keeps its record intact.
-    tokio::spawn(serve_call(sim, Call { key, body, arrived, conn }, answer));
+    tokio::spawn(serve_call(sim, Call { key, body, arrived, conn }, answer).in_current_span());
     answered.await.unwrap_or_else(|_| (StatusCode::SERVICE_UNAVAILABLE, "the call failed inside the simulator").into_response())
 }
 
