@@ -80,7 +80,7 @@ where
 }
 
 /// A `kB` line of `/proc/<pid>/status`.
-fn status_kb(pid: u32, field: &str) -> anyhow::Result<u64> {
+pub(crate) fn status_kb(pid: u32, field: &str) -> anyhow::Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("reading /proc/{pid}/status"))?;
     parse_kb(&status, field).with_context(|| format!("no {field} in /proc/{pid}/status"))
 }

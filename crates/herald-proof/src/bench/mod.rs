@@ -11,12 +11,14 @@
 //! - `prune`: the relay and the search subscription beside a prune of a million rows.
 //! - `latency`: commit → readable search document at fixed offered loads, per stage.
 //! - `scale`: relay and consume throughput with 1, 2 and 4 processes on a real cluster.
+//! - `peers`: Herald's relay beside Debezium's outbox router on the same rows.
 //! - [`workload`]: the records they (and tests) publish.
 
 mod broker;
 pub mod consume;
 mod latency;
 mod memory;
+mod peers;
 mod probes;
 mod prune;
 pub mod rebuild;
@@ -56,6 +58,8 @@ pub enum BenchCommand {
     Latency(latency::LatencyBenchArgs),
     /// Relay and consume throughput with 1, 2 and 4 processes of the role, 8 partitions, a real cluster.
     Scale(scale::ScaleBenchArgs),
+    /// Herald's relay beside Debezium's outbox router: drain rate, commit → readable, RSS and CPU.
+    Peers(peers::PeersBenchArgs),
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -68,5 +72,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         BenchCommand::Prune(args) => prune::run(args).await,
         BenchCommand::Latency(args) => latency::run(args).await,
         BenchCommand::Scale(args) => scale::run(args).await,
+        BenchCommand::Peers(args) => peers::run(args).await,
     }
 }
