@@ -37,6 +37,7 @@ use tokio::process::Command;
 
 use self::load::{Events, Tables};
 use self::process::{Measured, POLL};
+
 use self::report::{Latency, System};
 use super::broker::RealCluster;
 use crate::scratch::ScratchDb;
@@ -139,7 +140,8 @@ async fn compare(
 
     let relay = Command::new(std::env::current_exe()?)
         .args(["relay", "--database", url, "--kafka", &cluster.bootstrap])
-        .env("HERALD_LOG", "warn")
+        // Slow-statement warnings of a saturated database would bury the table.
+        .env("HERALD_LOG", "error")
         .env_remove("HERALD_CONFIG")
         .stdout(Stdio::null())
         .kill_on_drop(true)
@@ -182,20 +184,22 @@ impl Side {
         mut process: Measured,
     ) -> anyhow::Result<System> {
         let offsets = topic::EndOffsets::new(kafka, &self.topic, args.partitions)?;
-        let (mut first_cpu, started) = (None, Instant::now());
+        let (mut first_cpu, mut first_pg, started) = (None, None, Instant::now());
         loop {
             process.alive(self.name)?;
             anyhow::ensure!(started.elapsed() < LIMIT, "{} did not drain {} events in {LIMIT:?}", self.name, args.events);
             let on_topic = offsets.total()?;
             if on_topic > 0 && first_cpu.is_none() {
-                first_cpu = Some(process.cpu_secs()?);
+                (first_cpu, first_pg) = (Some(process.cpu_secs()?), process::postgres_cpu_secs()?);
             }
             if on_topic >= args.events {
                 break;
             }
             tokio::time::sleep(POLL).await;
         }
+        let per_100k = args.events as f64 / 100_000.0;
         let drain_cpu = process.cpu_secs()? - first_cpu.unwrap_or_default();
+        let pg_cpu_per_100k = process::postgres_cpu_secs()?.zip(first_pg).map(|(now, first)| (now - first) / per_100k);
         let mut latencies = Vec::new();
         for &rate in &args.rates {
             latencies.push(self.latency(args, kafka, &offsets, db, events, &mut process, rate).await?);
@@ -213,7 +217,7 @@ impl Side {
             drained.backlog_records,
             self.topic
         );
-        Ok(System { drained, cpu_per_100k: drain_cpu / (args.events as f64 / 100_000.0), peak_rss_mb, latencies })
+        Ok(System { drained, cpu_per_100k: drain_cpu / per_100k, pg_cpu_per_100k, peak_rss_mb, latencies })
     }
 
     #[allow(clippy::too_many_arguments)]

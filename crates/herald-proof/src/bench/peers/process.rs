@@ -48,6 +48,27 @@ impl Measured {
     }
 }
 
+/// CPU seconds of every local `postgres` process so far (running ones, and
+/// the postmaster's reaped children): the database's share of the work,
+/// when the server runs on this machine (`None` otherwise).
+pub(super) fn postgres_cpu_secs() -> anyhow::Result<Option<f64>> {
+    let ticks = clock_ticks()?;
+    let (mut total, mut found) = (0.0, false);
+    for entry in std::fs::read_dir("/proc")? {
+        let path = entry?.path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else { continue };
+        let Some((head, rest)) = stat.rsplit_once(')') else { continue };
+        if !head.ends_with("(postgres") {
+            continue;
+        }
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // utime, stime, cutime, cstime (fields 14-17 of proc(5)).
+        let sum: f64 = fields.get(11..15).into_iter().flatten().filter_map(|f| f.parse::<f64>().ok()).sum();
+        (total, found) = (total + sum, true);
+    }
+    Ok(found.then_some(total / ticks))
+}
+
 fn clock_ticks() -> anyhow::Result<f64> {
     let out = std::process::Command::new("getconf").arg("CLK_TCK").output().context("getconf CLK_TCK")?;
     String::from_utf8_lossy(&out.stdout).trim().parse().context("getconf CLK_TCK")

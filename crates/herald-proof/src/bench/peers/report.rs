@@ -11,6 +11,8 @@ use super::topic::Drained;
 pub(super) struct System {
     pub drained: Drained,
     pub cpu_per_100k: f64,
+    /// Local PostgreSQL's CPU over the same window (`None`: not local).
+    pub pg_cpu_per_100k: Option<f64>,
     pub peak_rss_mb: f64,
     pub latencies: Vec<Latency>,
 }
@@ -47,6 +49,8 @@ pub(super) fn to_json(broker: &str, events: u64, herald: &System, debezium: &Sys
         "rss_ratio": round(herald.peak_rss_mb / debezium.peak_rss_mb, 3),
         "herald_cpu_s_per_100k": round(herald.cpu_per_100k, 2), "debezium_cpu_s_per_100k": round(debezium.cpu_per_100k, 2),
         "cpu_ratio": round(herald.cpu_per_100k / debezium.cpu_per_100k, 2),
+        "herald_pg_cpu_s_per_100k": herald.pg_cpu_per_100k.map(|x| round(x, 2)),
+        "debezium_pg_cpu_s_per_100k": debezium.pg_cpu_per_100k.map(|x| round(x, 2)),
         "herald_records": herald.drained.records, "debezium_records": debezium.drained.records,
         "herald_out_of_order": herald.drained.out_of_order, "debezium_out_of_order": debezium.drained.out_of_order,
         "herald_duplicates": herald.drained.duplicates, "debezium_duplicates": debezium.drained.duplicates,
@@ -93,7 +97,10 @@ pub(super) fn print(json: bool, broker: &str, events: u64, herald: &System, debe
     let (hr, dr) = (herald.peak_rss_mb, debezium.peak_rss_mb);
     println!("| peak RSS, MB | {hr:.1} | {dr:.1} | {:.3} | ≤ 0.2 {} |", hr / dr, met(hr / dr <= 0.2));
     let (hc, dc) = (herald.cpu_per_100k, debezium.cpu_per_100k);
-    println!("| CPU seconds per 100k events (drain) | {hc:.2} | {dc:.2} | {:.2} | |", hc / dc);
+    println!("| CPU seconds per 100k events (drain), the process | {hc:.2} | {dc:.2} | {:.2} | |", hc / dc);
+    if let (Some(hp), Some(dp)) = (herald.pg_cpu_per_100k, debezium.pg_cpu_per_100k) {
+        println!("| CPU seconds per 100k events (drain), PostgreSQL | {hp:.2} | {dp:.2} | {:.2} | |", hp / dp);
+    }
     for (who, s) in [("Herald", herald), ("Debezium", debezium)] {
         let d = &s.drained;
         println!(

@@ -72,25 +72,24 @@ impl EndOffsets {
     }
 }
 
-/// Reads all of `topic` (blocking): at least `expected` records, of which
-/// those numbered below `backlog` timed the drain.
+/// Reads all of `topic` (blocking): the `expected` records its end offsets
+/// count, of which those numbered below `backlog` timed the drain.
 pub(super) fn read_all(kafka: &KafkaConfig, topic: &str, partitions: i32, expected: u64, backlog: u64) -> anyhow::Result<Drained> {
-    let reader: BaseConsumer = kafka.reader().set("enable.partition.eof", "true").create()?;
+    let reader: BaseConsumer = kafka.reader().create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)?;
     }
     reader.assign(&tpl)?;
-    let (mut eof, mut records, mut first, mut last) = (0, 0u64, i64::MAX, i64::MIN);
+    let (mut records, mut first, mut last) = (0u64, i64::MAX, i64::MIN);
     let (mut out_of_order, mut duplicates) = (0u64, 0u64);
     let mut seq: HashMap<String, u64> = HashMap::new();
     let mut backlog_seen = std::collections::HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(300);
-    while eof < partitions || records < expected {
+    while records < expected {
         anyhow::ensure!(Instant::now() < deadline, "read {records} of {expected} records of {topic}");
         match reader.poll(Duration::from_secs(1)) {
             None => {}
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => eof += 1,
             Some(Err(e)) => anyhow::bail!("reading {topic}: {e}"),
             Some(Ok(msg)) => {
                 records += 1;
