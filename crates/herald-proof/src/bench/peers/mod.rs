@@ -190,7 +190,7 @@ impl Side {
             anyhow::ensure!(started.elapsed() < LIMIT, "{} did not drain {} events in {LIMIT:?}", self.name, args.events);
             let on_topic = offsets.total()?;
             if on_topic > 0 && first_cpu.is_none() {
-                (first_cpu, first_pg) = (Some(process.cpu_secs()?), process::postgres_cpu_secs()?);
+                (first_cpu, first_pg) = (Some(process.cpu_secs()?), process.postgres_cpu_secs()?);
             }
             if on_topic >= args.events {
                 break;
@@ -199,7 +199,7 @@ impl Side {
         }
         let per_100k = args.events as f64 / 100_000.0;
         let drain_cpu = process.cpu_secs()? - first_cpu.unwrap_or_default();
-        let pg_cpu_per_100k = process::postgres_cpu_secs()?.zip(first_pg).map(|(now, first)| (now - first) / per_100k);
+        let pg_cpu_per_100k = process.postgres_cpu_secs()?.zip(first_pg).map(|(now, first)| (now - first) / per_100k);
         let mut latencies = Vec::new();
         for &rate in &args.rates {
             latencies.push(self.latency(args, kafka, &offsets, db, events, &mut process, rate).await?);
