@@ -85,6 +85,18 @@ pub enum ReplayError {
     Internal(String),
 }
 
+impl ReplayError {
+    /// The failed transaction rolled back and the same work may succeed if
+    /// tried again (a deadlock, a serialization failure, a lost connection).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ReplayError::Store(e) => e.is_retryable(),
+            ReplayError::Projection(HandlerError::Retryable(_)) => true,
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for ReplayError {
     fn from(e: sqlx::Error) -> Self {
         ReplayError::Store(StoreError::from(e))

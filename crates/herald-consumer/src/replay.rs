@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::ReplayError;
+use crate::letters::Backoff;
 use crate::projection::Projection;
 use crate::replay_write::Writer;
 
@@ -32,6 +33,9 @@ use crate::replay_write::Writer;
 pub const DEFAULT_BATCH: usize = 5_000;
 /// Lanes applying batches concurrently.
 const LANES: usize = 2;
+/// Tries of one batch whose transaction failed retryably (about 25 s of
+/// backoff in all) before the replay stops.
+const RETRIES: u32 = 9;
 
 /// Where a replay stands.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -102,7 +106,7 @@ pub async fn replay<P: Projection>(
         let done_tx = done_tx.clone();
         async move {
             while let Some(batch) = rx.recv().await {
-                let skipped = writer.apply(&batch).await?;
+                let skipped = apply_until_settled(writer, &batch, generation, shutdown).await?;
                 if skipped > 0 {
                     warn!(skipped, generation, projection = P::NAME, "undecodable records skipped by the replay");
                 }
@@ -125,6 +129,34 @@ pub async fn replay<P: Projection>(
     writer.close().await;
     outcome?;
     Ok(progress)
+}
+
+/// Applies one batch, trying again while the database says a retry may
+/// succeed (a deadlock with the other lane over the projection's own rows, a
+/// serialization failure, a dropped connection): the transaction rolled
+/// back, so a retry applies the batch exactly once. After
+/// [`RETRIES`] tries, or at shutdown, the error stops the replay; a rerun
+/// resumes from the stored positions.
+async fn apply_until_settled<P: Projection>(
+    writer: &Writer<'_, P>,
+    batch: &[Replayed<P::Fact>],
+    generation: i64,
+    shutdown: &CancellationToken,
+) -> Result<u64, ReplayError> {
+    let mut backoff = Backoff::new();
+    let mut tries = 1;
+    loop {
+        match writer.apply(batch).await {
+            Err(e) if e.is_retryable() && tries < RETRIES => {
+                warn!(generation, projection = P::NAME, tries, error = %e, backoff = ?backoff.next(), "replay batch failed, retryable; trying again");
+                if !backoff.wait(shutdown).await {
+                    return Err(e);
+                }
+                tries += 1;
+            }
+            outcome => return outcome,
+        }
+    }
 }
 
 fn reader(kafka: &KafkaConfig, topic: &str, open: &BTreeMap<i32, Position>) -> Result<BaseConsumer, ReplayError> {
