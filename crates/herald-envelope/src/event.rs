@@ -1,5 +1,7 @@
 //! An outbox row's event and its Kafka record in CloudEvents binary mode.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use cloudevents::binding::rdkafka::MessageRecord;
 use cloudevents::{Event, EventBuilder, EventBuilderV10};
@@ -33,9 +35,15 @@ pub struct OutboxEvent {
     pub event_type: String,
     pub subject: String,
     pub time: DateTime<Utc>,
-    /// File under `schemas/` the data was written with.
+    /// The data's schema: a file under `schemas/` (sent as Herald's
+    /// `dataschema` URI), an absolute URI (sent as is), or empty (none).
     pub schema_file: String,
     pub data: Vec<u8>,
+    /// Media type of `data` (`datacontenttype`).
+    pub content_type: String,
+    /// CloudEvents extension attributes the writer set (`ce_<name>`).
+    pub extensions: BTreeMap<String, String>,
+    /// Empty: the relay's routes decide.
     pub topic: String,
     /// Kafka record key; same key, same partition, commit order.
     pub partition_key: String,
@@ -55,6 +63,8 @@ impl OutboxEvent {
             time,
             schema_file: T::SCHEMA_FILE.to_owned(),
             data: data.to_avro()?,
+            content_type: AVRO_CONTENT_TYPE.to_owned(),
+            extensions: BTreeMap::new(),
             topic: topic.to_owned(),
             partition_key: subject.to_owned(),
             trace: None,
@@ -80,15 +90,28 @@ impl OutboxEvent {
                 builder = builder.extension(TRACESTATE, state.as_str());
             }
         }
-        builder
-            .id(&self.id)
-            .source(self.source.as_str())
-            .ty(&self.event_type)
-            .subject(&self.subject)
-            .time(self.time)
-            .data_with_schema(AVRO_CONTENT_TYPE, schema::dataschema_uri(&self.schema_file).as_str(), self.data.clone())
-            .build()
-            .map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+        for (name, value) in &self.extensions {
+            builder = builder.extension(name, value.as_str());
+        }
+        builder = builder.id(&self.id).source(self.source.as_str()).ty(&self.event_type).time(self.time);
+        if !self.subject.is_empty() {
+            builder = builder.subject(&self.subject);
+        }
+        builder = match self.dataschema() {
+            Some(uri) => builder.data_with_schema(self.content_type.as_str(), uri.as_str(), self.data.clone()),
+            None => builder.data(self.content_type.as_str(), self.data.clone()),
+        };
+        builder.build().map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+    }
+
+    /// The `dataschema` attribute: Herald's URI for a file of its registry,
+    /// the writer's own absolute URI as given, none when empty.
+    pub fn dataschema(&self) -> Option<String> {
+        match self.schema_file.as_str() {
+            "" => None,
+            uri if uri.contains(':') => Some(uri.to_owned()),
+            file => Some(schema::dataschema_uri(file)),
+        }
     }
 
     /// Headers and value of the Kafka record, in binary content mode.

@@ -2,6 +2,8 @@ use std::time::Duration;
 
 use herald_fault::Hook;
 
+use crate::Routes;
+
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     /// Rows read, published and recorded per batch of one slice.
@@ -30,6 +32,8 @@ pub struct RelayConfig {
     /// `topic.metadata.propagation.max.ms`). The delivery promises
     /// (`enable.idempotence`, `acks`) are not meant to be changed here.
     pub producer: Vec<(String, String)>,
+    /// Topics of rows appended without one (the outbox contract).
+    pub routes: Routes,
     /// Fault injection (tests): [`herald_fault::Point::BeforeProgress`], with
     /// the slice and the batch's row count, after the broker acknowledged a
     /// batch and before its progress write.
@@ -50,6 +54,7 @@ impl Default for RelayConfig {
             drain: Duration::from_secs(10),
             owner: default_owner(),
             producer: Vec::new(),
+            routes: Routes::to(herald_kafka::Topics::default().events.as_str()),
             faults: Hook::none(),
         }
     }

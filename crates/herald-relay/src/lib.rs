@@ -27,6 +27,7 @@ mod cursor;
 mod error;
 mod publish;
 mod relay;
+mod routes;
 mod slice;
 mod wake;
 
@@ -35,3 +36,4 @@ pub use counters::RelayCounters;
 pub use error::{Class, PublishError, RelayError, classify};
 pub use publish::producer_config;
 pub use relay::Relay;
+pub use routes::{RouteError, Routes};

@@ -15,7 +15,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use tracing::field::Empty;
 use tracing::{Span, error};
 
-use crate::PublishError;
+use crate::{PublishError, Routes};
 
 /// The relay's producer settings: Herald's shared ones (idempotent,
 /// `acks=all`) with no message timeout.
@@ -37,17 +37,18 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 /// every further record).
 pub(crate) struct Publisher {
     config: ClientConfig,
+    routes: Routes,
     producer: Mutex<Arc<FutureProducer>>,
 }
 
 impl Publisher {
-    pub(crate) fn new(kafka: &KafkaConfig, overrides: &[(String, String)]) -> Result<Publisher, KafkaError> {
+    pub(crate) fn new(kafka: &KafkaConfig, overrides: &[(String, String)], routes: Routes) -> Result<Publisher, KafkaError> {
         let mut config = producer_config(kafka);
         for (key, value) in overrides {
             config.set(key, value);
         }
         let producer = config.create()?;
-        Ok(Publisher { config, producer: Mutex::new(Arc::new(producer)) })
+        Ok(Publisher { config, routes, producer: Mutex::new(Arc::new(producer)) })
     }
 
     fn current(&self) -> Arc<FutureProducer> {
@@ -61,7 +62,8 @@ impl Publisher {
         let producer = self.current();
         let mut verdicts = Vec::with_capacity(rows.len());
         for row in rows {
-            verdicts.push(send(&producer, row).await);
+            let topic = self.routes.topic_for(&row.event.event_type, &row.event.topic);
+            verdicts.push(send(&producer, row, topic).await);
         }
         verdicts
     }
@@ -91,7 +93,7 @@ const UNCONFIRMED: &str = "acknowledged as a duplicate sequence without an offse
 
 /// A span per published record, child of the span that appended the row,
 /// while spans are exported: it lasts from the send to the broker's verdict.
-fn publish_span(row: &OutboxRow) -> Option<Span> {
+fn publish_span(row: &OutboxRow, topic: &str) -> Option<Span> {
     if !herald_trace::recording() {
         return None;
     }
@@ -101,7 +103,7 @@ fn publish_span(row: &OutboxRow) -> Option<Span> {
         event_id = %row.event.id,
         event_type = %row.event.event_type,
         seq = row.seq,
-        "messaging.destination.name" = %row.event.topic,
+        "messaging.destination.name" = %topic,
         "messaging.destination.partition.id" = Empty,
         "messaging.kafka.offset" = Empty,
     );
@@ -109,14 +111,14 @@ fn publish_span(row: &OutboxRow) -> Option<Span> {
     Some(span)
 }
 
-async fn send(producer: &FutureProducer, row: &OutboxRow) -> BoxFuture<'static, Result<(), PublishError>> {
+async fn send(producer: &FutureProducer, row: &OutboxRow, topic: &str) -> BoxFuture<'static, Result<(), PublishError>> {
     let message = match row.event.to_kafka_record() {
         Ok(message) => message,
         Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
     };
-    let span = publish_span(row);
+    let span = publish_span(row, topic);
     loop {
-        let record = FutureRecord::to(&row.event.topic).key(row.event.partition_key.as_str()).message_record(&message);
+        let record = FutureRecord::to(topic).key(row.event.partition_key.as_str()).message_record(&message);
         match producer.send_result(record) {
             Ok(delivery) => {
                 return async move {

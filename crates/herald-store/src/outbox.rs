@@ -7,6 +7,8 @@
 //! here, with the rest of the outbox's SQL, and run inside its fenced
 //! progress transaction.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use herald_envelope::{OutboxEvent, TraceContext};
 use sqlx::Row;
@@ -62,8 +64,8 @@ pub struct OutboxRow {
 
 /// Columns every written outbox row sets, in the order [`bind_row`] binds them.
 const INSERT_COLUMNS: &str = "event_id, source, event_type, subject, event_time_ms, schema_file, \
-     data, topic, partition_key, status, created_at_ms, slice, traceparent, tracestate";
-const INSERT_COLUMN_COUNT: usize = 14;
+     data, topic, partition_key, status, created_at_ms, slice, traceparent, tracestate, content_type, extensions";
+const INSERT_COLUMN_COUNT: usize = 16;
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
 
@@ -85,6 +87,18 @@ fn bind_row<'q>(query: AnyQuery<'q>, event: &'q OutboxEvent, trace: Option<&'q T
         .bind(slice_of(&event.partition_key))
         .bind(trace.map(|t| t.traceparent.as_str()))
         .bind(trace.and_then(|t| t.tracestate.as_deref()))
+        .bind(&event.content_type)
+        .bind(extensions_json(&event.extensions))
+}
+
+/// The `extensions` column: a JSON object of strings, NULL when none.
+fn extensions_json(extensions: &BTreeMap<String, String>) -> Option<String> {
+    (!extensions.is_empty()).then(|| serde_json::to_string(extensions).expect("a map of strings serializes"))
+}
+
+fn extensions_of(row: &AnyRow) -> Result<BTreeMap<String, String>, StoreError> {
+    let Some(text) = row.try_get::<Option<String>, _>("extensions")? else { return Ok(BTreeMap::new()) };
+    serde_json::from_str(&text).map_err(|e| StoreError::Config(format!("outbox row with unreadable extensions {text:?}: {e}")))
 }
 
 /// Appends `event` inside the caller's transaction; returns its sequence.
@@ -101,7 +115,7 @@ pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreEr
 
 /// Columns [`row_to_outbox`] reads.
 pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
-     subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate";
+     subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate, content_type, extensions";
 
 pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
     let time_ms: i64 = row.try_get("event_time_ms")?;
@@ -118,6 +132,8 @@ pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
             time: DateTime::<Utc>::from_timestamp_millis(time_ms).unwrap_or_default(),
             schema_file: row.try_get("schema_file")?,
             data: row.try_get("data")?,
+            content_type: row.try_get("content_type")?,
+            extensions: extensions_of(row)?,
             topic: row.try_get("topic")?,
             partition_key: row.try_get("partition_key")?,
             trace: trace_of(row)?,
@@ -289,8 +305,9 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
         let last_error: Option<String> = old.try_get("last_error")?;
         let new = sqlx::query(
             "INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, \
-             data, topic, partition_key, status, created_at_ms, slice, attempts, last_error, traceparent, tracestate) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13, $14, $15) RETURNING seq",
+             data, topic, partition_key, status, created_at_ms, slice, attempts, last_error, traceparent, tracestate, \
+             content_type, extensions) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 0, $13, $14, $15, $16, $17) RETURNING seq",
         )
         .bind(&row.event.id)
         .bind(&row.event.source)
@@ -307,6 +324,8 @@ pub async fn redrive(db: &Db, seqs: &[i64]) -> Result<Vec<(i64, i64)>, StoreErro
         .bind(last_error.map(|e| format!("redriven; before: {e}")))
         .bind(row.event.trace.as_ref().map(|t| t.traceparent.clone()))
         .bind(row.event.trace.as_ref().and_then(|t| t.tracestate.clone()))
+        .bind(&row.event.content_type)
+        .bind(extensions_json(&row.event.extensions))
         .fetch_one(&mut *tx)
         .await?;
         moved.push((seq, new.try_get("seq")?));

@@ -32,6 +32,8 @@ fn event(id: &str) -> OutboxEvent {
         time: Utc::now(),
         schema_file: "none".into(),
         data: vec![1, 2, 3],
+        content_type: herald_envelope::AVRO_CONTENT_TYPE.to_owned(),
+        extensions: Default::default(),
         topic: "test".into(),
         partition_key: KEY.into(),
         trace: None,

@@ -17,6 +17,9 @@ pub struct Record {
     pub ce_id: String,
     /// The `ce_traceparent` header (distributed-tracing extension), if any.
     pub ce_traceparent: Option<String>,
+    /// Every header, by name (the last one of a name wins).
+    pub headers: std::collections::BTreeMap<String, String>,
+    pub value: Vec<u8>,
 }
 
 /// Every record of `topic` up to the high watermarks at the time of the
@@ -64,7 +67,16 @@ pub fn read_all(brokers: &str, topic: &str, partitions: i32) -> anyhow::Result<V
             };
             let (ce_id, ce_traceparent) = (header("ce_id").unwrap_or_default(), header("ce_traceparent"));
             let key = message.key().map(|k| String::from_utf8_lossy(k).into_owned()).unwrap_or_default();
-            records.push(Record { partition, offset: message.offset(), key, ce_id, ce_traceparent });
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_owned(), h.value.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let value = message.payload().unwrap_or_default().to_vec();
+            records.push(Record { partition, offset: message.offset(), key, ce_id, ce_traceparent, headers, value });
         }
     }
     Ok(records)

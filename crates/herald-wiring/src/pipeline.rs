@@ -239,7 +239,15 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
         monitor = Some(figures);
     }
     if roles.relay {
-        let relay = Relay::new(wiring.db.clone(), &wiring.kafka, RelayConfig { faults: options.faults.clone(), ..RelayConfig::default() })?;
+        let relay = Relay::new(
+            wiring.db.clone(),
+            &wiring.kafka,
+            RelayConfig {
+                faults: options.faults.clone(),
+                routes: herald_relay::Routes::to(&wiring.topics.events),
+                ..RelayConfig::default()
+            },
+        )?;
         if let Some(monitor) = &monitor {
             publish_relay_counters(monitor, relay.counters());
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use herald_kafka::Topics;
-use herald_relay::{Relay, RelayConfig};
+use herald_relay::{Relay, RelayConfig, Routes};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
@@ -31,6 +31,14 @@ pub struct RelayArgs {
     /// Name in claims; default host and process id.
     #[arg(long, env = "HERALD_RELAY_OWNER")]
     pub owner: Option<String>,
+    /// Topic of events appended without one, by event type: `TYPE=TOPIC` or
+    /// `PREFIX*=TOPIC` (repeatable; comma-separated in the variable). An
+    /// exact rule wins, then the longest prefix, then --default-topic.
+    #[arg(long = "route", env = "HERALD_ROUTES", value_delimiter = ',')]
+    pub routes: Vec<String>,
+    /// Topic of events appended without one that no --route matches.
+    #[arg(long, env = "HERALD_DEFAULT_TOPIC", default_value = herald_kafka::TOPIC_EVENTS)]
+    pub default_topic: String,
 }
 
 pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
@@ -42,23 +50,32 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
+    let routes = match Routes::parse(&args.routes, &args.default_topic) {
+        Ok(routes) => routes,
+        Err(e) => {
+            eprintln!("error: --route: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
     let db = crate::connection::open_database(database, crate::connection::Schema::Check).await?;
     let kafka = args.kafka.connect_to(brokers).await?;
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
-    let (topic_kafka, settings) = (kafka.clone(), args.topic.settings());
+    let (topic_kafka, settings, routed) = (kafka.clone(), args.topic.settings(), routes.topics());
     tokio::spawn(
         async move {
             let topics = Topics::default();
-            if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &topics.all(), settings).await {
+            let mut all: Vec<&str> = topics.all().to_vec();
+            all.extend(routed.iter().map(String::as_str).filter(|t| !topics.all().contains(t)));
+            if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &all, settings).await {
                 warn!(error = %e, "could not make sure Herald's topics exist");
             }
         }
         .in_current_span(),
     );
     let faults = herald_fault::from_env()?;
-    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, faults, ..RelayConfig::default() }
+    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, faults, routes, ..RelayConfig::default() }
         .with_lease(Duration::from_millis(args.lease_ms));
     if let Some(owner) = args.owner {
         config.owner = owner;

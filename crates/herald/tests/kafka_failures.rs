@@ -67,6 +67,8 @@ async fn write(db: Db, topic: String, events: Option<usize>, stop: CancellationT
                 time: Utc::now(),
                 schema_file: "test.avsc".to_owned(),
                 data: vec![b'x'; 200],
+                content_type: herald_envelope::AVRO_CONTENT_TYPE.to_owned(),
+                extensions: Default::default(),
                 topic: topic.clone(),
                 partition_key: key.clone(),
                 trace: None,

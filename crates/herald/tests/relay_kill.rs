@@ -56,6 +56,8 @@ async fn write(db: Db, topic: String, w: usize) -> anyhow::Result<BTreeMap<Strin
                 time: Utc::now(),
                 schema_file: "test.avsc".to_owned(),
                 data: vec![b'x'; 100],
+                content_type: herald_envelope::AVRO_CONTENT_TYPE.to_owned(),
+                extensions: Default::default(),
                 topic: topic.clone(),
                 partition_key: key.clone(),
                 trace: None,

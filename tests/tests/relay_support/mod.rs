@@ -78,6 +78,8 @@ pub fn event_for(key: &str, topic: &str) -> OutboxEvent {
         time: Utc::now(),
         schema_file: "test.avsc".to_owned(),
         data: b"payload".to_vec(),
+        content_type: herald_envelope::AVRO_CONTENT_TYPE.to_owned(),
+        extensions: Default::default(),
         topic: topic.to_owned(),
         partition_key: key.to_owned(),
         trace: None,

@@ -73,6 +73,8 @@ impl Events {
             time: Utc::now(),
             schema_file: "bench.avsc".to_owned(),
             data: row.payload.clone().into_bytes(),
+            content_type: herald_envelope::AVRO_CONTENT_TYPE.to_owned(),
+            extensions: Default::default(),
             topic: self.herald_topic.clone(),
             partition_key: row.key.clone(),
             trace: None,

@@ -1,0 +1,228 @@
+//! The public outbox contract, used from outside Rust: a Python program
+//! (psycopg, tests/contract/append_events.py) appends events with
+//! `herald.append_event(...)` inside its own transactions; `herald relay`,
+//! routing by event type (`--route`), publishes them on the shared Apache
+//! Kafka cluster as CloudEvents carrying the caller's attributes. A
+//! rolled-back transaction publishes nothing; a duplicate (source, id) and
+//! data that is not what its content type says are refused with a clear
+//! error. The SQL slice function agrees with the relay's Rust rule on the
+//! test vectors of docs/outbox-contract.md.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use herald_kafka::{KafkaConfig, TopicSettings};
+use herald_store::Db;
+use herald_store::outbox::slice_of;
+use herald_testkit::kafka::{Record, read_all};
+use herald_testkit::{unique, wait_until};
+use sqlx::Row;
+
+const PARTITIONS: i32 = 2;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `(key, slice)` rows of the vector table in docs/outbox-contract.md.
+fn documented_vectors() -> anyhow::Result<Vec<(String, i32)>> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/outbox-contract.md"))?;
+    let vectors: Vec<(String, i32)> = doc
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.trim().strip_prefix("| `")?.split('|').map(str::trim).collect();
+            let key = cells.first()?.strip_suffix('`')?;
+            Some((key.to_owned(), cells.get(1)?.parse().ok()?))
+        })
+        .collect();
+    anyhow::ensure!(vectors.len() >= 8, "docs/outbox-contract.md lists {} slice vectors", vectors.len());
+    Ok(vectors)
+}
+
+#[test]
+fn documented_slice_vectors_match_the_relays_rule() -> anyhow::Result<()> {
+    for (key, slice) in documented_vectors()? {
+        assert_eq!(slice_of(&key), slice, "slice of {key:?}");
+    }
+    Ok(())
+}
+
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn python(url: &str, run: &str) -> anyhow::Result<serde_json::Value> {
+    let out = Command::new("python3").arg(repo_root().join("tests/contract/append_events.py")).args([url, run]).output()?;
+    anyhow::ensure!(out.status.success(), "append_events.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn ids(report: &serde_json::Value, field: &str) -> Vec<String> {
+    report[field].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+}
+
+fn header<'r>(record: &'r Record, name: &str) -> Option<&'r str> {
+    record.headers.get(name).map(String::as_str)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by_type_postgres() -> anyhow::Result<()> {
+    let test_db = herald_testkit::postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let brokers = herald_testkit::real_broker()?;
+    let prefix = unique("contract");
+    let (orders, other) = (format!("{prefix}.orders"), format!("{prefix}.other"));
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &[orders.as_str(), other.as_str()], TopicSettings::partitions(PARTITIONS))
+        .await?;
+
+    // The SQL rule is the Rust rule.
+    for (key, slice) in documented_vectors()? {
+        let row = sqlx::query("SELECT herald.slice_of($1) AS s").bind(&key).fetch_one(db.pool()).await?;
+        assert_eq!(row.try_get::<i32, _>("s")?, slice, "herald.slice_of({key:?})");
+    }
+
+    let run = unique("py");
+    let report = python(&test_db.url, &run)?;
+    let committed = ids(&report, "committed");
+    assert_eq!(committed.len(), 7, "{report}");
+    let duplicate = report["duplicate_error"].as_str().unwrap_or_default();
+    assert!(duplicate.contains("is already in the outbox") && duplicate.contains(&format!("{run}-placed-0")), "{report}");
+    let bad = report["bad_data_error"].as_str().unwrap_or_default();
+    assert!(bad.contains("data is not JSON"), "{report}");
+
+    let _relay = Relay(
+        Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(["relay", "--database", &test_db.url, "--kafka", &brokers, "--owner", "contract"])
+            .args(["--route", &format!("shop.order.*={orders}"), "--default-topic", &other])
+            .env("HERALD_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?,
+    );
+    let delivered = || async {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE source = '/shop/orders'").fetch_one(db.pool()).await?;
+        let total: i64 = row.try_get("n")?;
+        Ok(total == 7 && herald_store::outbox::count_by_status(&db, herald_store::outbox::DELIVERED).await? == 7)
+    };
+    wait_until("the relay to deliver the 7 committed events", Duration::from_secs(90), delivered).await?;
+
+    let on_orders = read_all(&brokers, &orders, PARTITIONS)?;
+    let on_other = read_all(&brokers, &other, PARTITIONS)?;
+    assert_eq!(on_orders.len(), 6, "{on_orders:?}");
+    assert_eq!(on_other.iter().map(|r| r.ce_id.as_str()).collect::<Vec<_>>(), [format!("{run}-signup")]);
+    let published: Vec<&str> = on_orders.iter().chain(&on_other).map(|r| r.ce_id.as_str()).collect();
+    assert!(!published.contains(&report["rolled_back"].as_str().unwrap_or("?")), "a rolled-back event was published");
+
+    for record in &on_orders {
+        let order = record.key.clone();
+        assert!(order.starts_with(&format!("{run}-order-")), "key is the caller's partition key: {record:?}");
+        assert_eq!(header(record, "ce_source"), Some("/shop/orders"));
+        assert_eq!(header(record, "ce_subject"), Some(order.as_str()));
+        assert_eq!(header(record, "content-type"), Some("application/json"));
+        assert_eq!(header(record, "ce_dataschema"), None);
+        let data: serde_json::Value = serde_json::from_slice(&record.value)?;
+        assert_eq!(data["order_id"], order.as_str());
+        match header(record, "ce_type") {
+            Some("shop.order.placed") => assert_eq!(header(record, "ce_tenant"), Some("acme"), "{record:?}"),
+            Some("shop.order.paid") => assert_eq!(header(record, "ce_tenant"), None),
+            other => panic!("unexpected type {other:?}"),
+        }
+    }
+    // Per key, commit order: placed before paid.
+    for n in 0..3 {
+        let of_key: Vec<&str> =
+            on_orders.iter().filter(|r| r.key == format!("{run}-order-{n}")).map(|r| header(r, "ce_type").unwrap_or_default()).collect();
+        assert_eq!(of_key, ["shop.order.placed", "shop.order.paid"]);
+    }
+    Ok(())
+}
+
+/// The documented SQLite `INSERT`, as docs/outbox-contract.md prints it.
+fn documented_sqlite_insert() -> anyhow::Result<String> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/outbox-contract.md"))?;
+    let block = doc
+        .split("```sql")
+        .skip(1)
+        .filter_map(|rest| rest.split("```").next())
+        .find(|block| block.contains("INSERT INTO outbox"))
+        .ok_or_else(|| anyhow::anyhow!("docs/outbox-contract.md has no INSERT INTO outbox block"))?;
+    Ok(block.trim().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_documented_sqlite_insert_is_published_with_the_callers_attributes_sqlite() -> anyhow::Result<()> {
+    let test_db = herald_testkit::sqlite_db()?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    let brokers = herald_testkit::real_broker()?;
+    let topic = unique("contract-sqlite");
+    herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &[topic.as_str()], TopicSettings::partitions(PARTITIONS)).await?;
+    let insert = documented_sqlite_insert()?;
+    let run = unique("sq");
+    let now = herald_store::now_ms();
+    let key = format!("{run}-order-1");
+    // The application's transaction: its own row would go here too.
+    let mut tx = db.begin().await?;
+    for (n, event_type) in ["shop.order.placed", "shop.order.paid"].iter().enumerate() {
+        // ?1 … ?12, in the order the document lists them.
+        sqlx::query(&insert)
+            .bind(format!("{run}-{n}"))
+            .bind("/shop/orders")
+            .bind(*event_type)
+            .bind(&key)
+            .bind(now)
+            .bind(None::<String>)
+            .bind(format!(r#"{{"order_id":"{key}","n":{n}}}"#).into_bytes())
+            .bind(&key)
+            .bind(now)
+            .bind(slice_of(&key))
+            .bind("application/json")
+            .bind(r#"{"tenant":"acme"}"#)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    let duplicate = sqlx::query(&insert)
+        .bind(format!("{run}-0"))
+        .bind("/shop/orders")
+        .bind("shop.order.placed")
+        .bind(&key)
+        .bind(now)
+        .bind(None::<String>)
+        .bind(b"{}".to_vec())
+        .bind(&key)
+        .bind(now)
+        .bind(slice_of(&key))
+        .bind("application/json")
+        .bind(None::<String>)
+        .execute(db.pool())
+        .await
+        .expect_err("a second (source, id) is refused");
+    assert!(duplicate.to_string().contains("UNIQUE"), "{duplicate}");
+
+    let _relay = Relay(
+        Command::new(env!("CARGO_BIN_EXE_herald"))
+            .args(["relay", "--database", &test_db.url, "--kafka", &brokers, "--owner", "contract", "--default-topic", &topic])
+            .env("HERALD_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?,
+    );
+    let delivered = || async { Ok(herald_store::outbox::count_by_status(&db, herald_store::outbox::DELIVERED).await? == 2) };
+    wait_until("the relay to deliver both events", Duration::from_secs(90), delivered).await?;
+    let records = read_all(&brokers, &topic, PARTITIONS)?;
+    let types: Vec<&str> = records.iter().map(|r| header(r, "ce_type").unwrap_or_default()).collect();
+    assert_eq!(types, ["shop.order.placed", "shop.order.paid"], "{records:?}");
+    for record in &records {
+        assert_eq!((record.key.as_str(), header(record, "ce_subject")), (key.as_str(), Some(key.as_str())));
+        assert_eq!(header(record, "ce_tenant"), Some("acme"));
+        assert_eq!(header(record, "content-type"), Some("application/json"));
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&record.value)?["order_id"], key.as_str());
+    }
+    Ok(())
+}
