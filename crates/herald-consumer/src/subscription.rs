@@ -21,6 +21,7 @@ use tracing::{info, warn};
 
 use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
+use crate::letters::Backoff;
 use crate::metrics::{Metrics, MetricsSnapshot};
 use crate::{Handler, Order, RunError, Subscription};
 
@@ -94,7 +95,9 @@ pub async fn run_subscription<H: Handler>(
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<MetricsSnapshot, RunError> {
-    let rewritten = inbox::normalise_legacy_sources(db, &subscription.name, SOURCE_ALIASES).await?;
+    let Some(rewritten) = normalise_sources_when_reachable(db, &subscription.name, &shutdown).await? else {
+        return Ok(metrics.snapshot());
+    };
     if rewritten > 0 {
         info!(subscription = %subscription.name, rewritten, "inbox rows of legacy sources normalised");
     }
@@ -134,6 +137,27 @@ pub async fn run_subscription<H: Handler>(
     let snapshot = metrics.snapshot();
     info!(subscription = %subscription.name, applied = snapshot.applied, ?snapshot, "subscription stopped");
     Ok(snapshot)
+}
+
+/// The start-up's database work, tried again while the database is
+/// unreachable: a subscription started during an outage (a process
+/// restarted by its supervisor while the database fails over) waits for it
+/// like a running one does, instead of ending and leaving its role stopped
+/// in a process that stays up. `None`: shutdown came first.
+async fn normalise_sources_when_reachable(db: &Db, subscription: &str, shutdown: &CancellationToken) -> Result<Option<u64>, RunError> {
+    let mut backoff = Backoff::new();
+    loop {
+        match inbox::normalise_legacy_sources(db, subscription, SOURCE_ALIASES).await {
+            Ok(rewritten) => return Ok(Some(rewritten)),
+            Err(e) if e.is_retryable() => {
+                warn!(subscription, error = %e, backoff = ?backoff.next(), "database unreachable at start; waiting for it");
+                if !backoff.wait(shutdown).await {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Applies `batches` (of partitions no other lane has) one after another,

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -15,6 +16,7 @@ pub struct CutProxy {
     /// `true` while cut: open connections are dropped and new ones closed
     /// at once, so both ends see their connection fail.
     cut: Arc<watch::Sender<bool>>,
+    refused: Arc<AtomicU64>,
     stop: CancellationToken,
 }
 
@@ -25,8 +27,9 @@ impl CutProxy {
         let (cut, _) = watch::channel(false);
         let cut = Arc::new(cut);
         let stop = CancellationToken::new();
-        tokio::spawn(accept_loop(listener, target, cut.clone(), stop.clone()));
-        Ok(CutProxy { addr, cut, stop })
+        let refused = Arc::new(AtomicU64::new(0));
+        tokio::spawn(accept_loop(listener, target, cut.clone(), refused.clone(), stop.clone()));
+        Ok(CutProxy { addr, cut, refused, stop })
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -43,6 +46,12 @@ impl CutProxy {
     pub fn heal(&self) {
         self.cut.send_replace(false);
     }
+
+    /// Connections closed at once because the proxy was cut: proof that the
+    /// process under test tried to reach its peer during the cut.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for CutProxy {
@@ -51,7 +60,13 @@ impl Drop for CutProxy {
     }
 }
 
-async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: Arc<watch::Sender<bool>>, stop: CancellationToken) {
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    cut: Arc<watch::Sender<bool>>,
+    refused: Arc<AtomicU64>,
+    stop: CancellationToken,
+) {
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -60,6 +75,7 @@ async fn accept_loop(listener: TcpListener, target: SocketAddr, cut: Arc<watch::
         let Ok((client, _)) = accepted else { continue };
         if *cut.borrow() {
             drop(client);
+            refused.fetch_add(1, Ordering::SeqCst);
             continue;
         }
         tokio::spawn(forward(client, target, cut.subscribe(), stop.clone()));
@@ -120,6 +136,7 @@ mod tests {
         assert!(!round_trip(&mut open).await?, "the open connection is gone");
         let mut new = TcpStream::connect(proxy.addr()).await?;
         assert!(!round_trip(&mut new).await?, "a new connection gets nowhere");
+        assert_eq!(proxy.refused(), 1);
 
         proxy.heal();
         let mut again = TcpStream::connect(proxy.addr()).await?;
