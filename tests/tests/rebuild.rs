@@ -109,8 +109,7 @@ async fn rebuild_during_live_traffic_switches_without_side_effects() -> anyhow::
         offline: false,
         dry_run: false,
         batch: 7,
-        from_snapshot: None,
-        faults: herald_fault::Hook::none(),
+        ..RebuildOptions::default()
     };
     let report = rebuild::rebuild(&stack.db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     assert_eq!((report.generation, report.previous_active, report.state.as_str(), report.switched), (2, 1, "active", true), "{report:?}");

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use herald_envelope::{EventKey, decode_any};
+use herald_envelope::{EventKey, Registry, decode_any_with};
 use herald_kafka::KafkaConfig;
 use herald_store::Db;
 use herald_store::generations::{self, Position};
@@ -82,6 +82,7 @@ pub async fn replay<P: Projection>(
     topic: &str,
     generation: i64,
     batch_size: usize,
+    registry: &Registry,
     shutdown: &CancellationToken,
     mut on_progress: impl FnMut(ReplayProgress),
 ) -> Result<ReplayProgress, ReplayError> {
@@ -98,8 +99,8 @@ pub async fn replay<P: Projection>(
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, u64)>();
     let consumer = reader(kafka, topic, &open)?;
     let reading = {
-        let shutdown = shutdown.clone();
-        tokio::task::spawn_blocking(move || read_all::<P>(&consumer, open, &lane_of, senders, batch_size.max(1), &shutdown))
+        let (shutdown, registry) = (shutdown.clone(), registry.clone());
+        tokio::task::spawn_blocking(move || read_all::<P>(&consumer, open, &lane_of, senders, batch_size.max(1), &registry, &shutdown))
     };
     let writer = &writer;
     let lanes = futures::future::try_join_all(receivers.into_iter().map(|mut rx| {
@@ -177,6 +178,7 @@ fn read_all<P: Projection>(
     lane_of: &BTreeMap<i32, usize>,
     lanes: Vec<mpsc::Sender<Vec<Replayed<P::Fact>>>>,
     size: usize,
+    registry: &Registry,
     shutdown: &CancellationToken,
 ) -> Result<(), ReplayError> {
     while !open.is_empty() && !shutdown.is_cancelled() {
@@ -190,7 +192,7 @@ fn read_all<P: Projection>(
                 }
                 break;
             };
-            if let Some(record) = take::<P>(&msg?, &mut open) {
+            if let Some(record) = take::<P>(&msg?, &mut open, registry) {
                 batches[lane_of[&record.partition]].push(record);
                 read += 1;
             }
@@ -205,7 +207,7 @@ fn read_all<P: Projection>(
     Ok(())
 }
 
-fn take<P: Projection>(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>) -> Option<Replayed<P::Fact>> {
+fn take<P: Projection>(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Position>, registry: &Registry) -> Option<Replayed<P::Fact>> {
     let position = open.get_mut(&msg.partition())?;
     if msg.offset() >= position.boundary_offset {
         open.remove(&msg.partition());
@@ -215,7 +217,7 @@ fn take<P: Projection>(msg: &BorrowedMessage<'_>, open: &mut BTreeMap<i32, Posit
     if position.done() {
         open.remove(&msg.partition());
     }
-    let content = match decode_any(msg) {
+    let content = match decode_any_with(msg, registry) {
         Err(_) => Content::Undecodable,
         Ok(event) if !P::handles(&event.event_type) => Content::Ignored,
         Ok(event) => match P::fact(&event) {

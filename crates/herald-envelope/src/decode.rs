@@ -9,7 +9,7 @@ use cloudevents::event::ExtensionValue;
 use cloudevents::{AttributesReader, Data, Event};
 use rdkafka::message::Message;
 
-use crate::event::AVRO_CONTENT_TYPE;
+use crate::event::{AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE};
 use crate::event::{TRACEPARENT, TRACESTATE};
 use crate::{EnvelopeError, EventData, EventKey, Registry, TraceContext, schema};
 
@@ -20,10 +20,12 @@ pub struct DecodedEvent {
     pub event_type: String,
     pub subject: Option<String>,
     pub time: Option<DateTime<Utc>>,
-    /// File under `schemas/` the writer used (its `dataschema`).
+    /// File under `schemas/` the writer used (its `dataschema`); empty for
+    /// JSON data.
     pub schema_file: String,
-    /// That file's schema, from the registry the record was decoded with.
-    pub writer: Arc<Schema>,
+    /// That file's schema, from the registry the record was decoded with;
+    /// `None` for JSON data (`application/json`), which needs none.
+    pub writer: Option<Arc<Schema>>,
     pub data: Vec<u8>,
     /// The trace the event was written in (`ce_traceparent`); `None` when
     /// absent or malformed.
@@ -31,9 +33,22 @@ pub struct DecodedEvent {
 }
 
 impl DecodedEvent {
-    /// The data as `T`, resolved from the writer's schema into `T`'s.
+    /// The data as `T`: Avro resolved from the writer's schema into `T`'s,
+    /// or JSON deserialized.
     pub fn data_as<T: EventData>(&self) -> Result<T, EnvelopeError> {
-        T::from_avro_with(&self.writer, &self.schema_file, &self.data)
+        match &self.writer {
+            Some(writer) => T::from_avro_with(writer, &self.schema_file, &self.data),
+            None => self.json_as(),
+        }
+    }
+
+    /// JSON data (`application/json`) as any deserializable `T`: what an
+    /// application's own event types use, with no schema in Herald.
+    pub fn json_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, EnvelopeError> {
+        if self.writer.is_some() {
+            return Err(invalid("datacontenttype", format!("`{AVRO_CONTENT_TYPE}`, expected `{JSON_CONTENT_TYPE}`")));
+        }
+        serde_json::from_slice(&self.data).map_err(|e| EnvelopeError::Data { schema: JSON_CONTENT_TYPE.to_owned(), reason: e.to_string() })
     }
 }
 
@@ -55,18 +70,23 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
     let id = non_empty("id", event.id())?;
     let source = non_empty("source", event.source().as_str())?;
     let event_type = non_empty("type", event.ty())?;
-    match event.datacontenttype() {
-        Some(AVRO_CONTENT_TYPE) => {}
-        Some(other) => return Err(invalid("datacontenttype", format!("`{other}`, expected `{AVRO_CONTENT_TYPE}`"))),
+    let (schema_file, writer, data) = match event.datacontenttype() {
+        Some(AVRO_CONTENT_TYPE) => {
+            let dataschema = event.dataschema().ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
+            let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
+            let writer = registry.get(&schema_file)?.clone();
+            let data = match event.data() {
+                Some(Data::Binary(bytes)) => bytes.clone(),
+                Some(_) => return Err(invalid("data", "expected binary Avro data".to_owned())),
+                None => return Err(EnvelopeError::MissingAttribute("data")),
+            };
+            (schema_file, Some(writer), data)
+        }
+        Some(JSON_CONTENT_TYPE) => (String::new(), None, json_data(&event)?),
+        Some(other) => {
+            return Err(invalid("datacontenttype", format!("`{other}`, expected `{AVRO_CONTENT_TYPE}` or `{JSON_CONTENT_TYPE}`")));
+        }
         None => return Err(EnvelopeError::MissingAttribute("datacontenttype")),
-    }
-    let dataschema = event.dataschema().ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
-    let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
-    let writer = registry.get(&schema_file)?.clone();
-    let data = match event.data() {
-        Some(Data::Binary(bytes)) => bytes.clone(),
-        Some(_) => return Err(invalid("data", "expected binary Avro data".to_owned())),
-        None => return Err(EnvelopeError::MissingAttribute("data")),
     };
     Ok(DecodedEvent {
         key: EventKey { source, id },
@@ -78,6 +98,19 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
         data,
         trace: trace_of(&event),
     })
+}
+
+/// The bytes of JSON data, checked to be one JSON value (a record whose
+/// data is not what its content type says is refused, like bad Avro).
+fn json_data(event: &Event) -> Result<Vec<u8>, EnvelopeError> {
+    let bytes = match event.data() {
+        Some(Data::Binary(bytes)) => bytes.clone(),
+        Some(Data::Json(value)) => serde_json::to_vec(value).map_err(|e| invalid("data", e.to_string()))?,
+        Some(Data::String(text)) => text.clone().into_bytes(),
+        None => return Err(EnvelopeError::MissingAttribute("data")),
+    };
+    serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map_err(|e| invalid("data", format!("not JSON: {e}")))?;
+    Ok(bytes)
 }
 
 /// The distributed-tracing extension of `event`, if well formed.
@@ -173,6 +206,38 @@ mod tests {
         assert_eq!(decoded.subject.as_deref(), Some("job-1"));
         assert_eq!(decoded.time, Some(event.time));
         assert_eq!(decoded.data_as::<ExportCompleted>().unwrap(), completed());
+    }
+
+    /// An application's JSON event (the outbox contract): no schema, its
+    /// extensions kept, its data read as the application's own type; data
+    /// that is not JSON is refused.
+    #[test]
+    fn json_data_round_trips_and_non_json_is_refused() {
+        #[derive(Debug, PartialEq, serde::Deserialize)]
+        struct Placed {
+            order_id: String,
+            total_cents: i64,
+        }
+        let avro = event();
+        let mut event = avro.clone();
+        event.source = "/shop/orders".into();
+        event.event_type = "shop.order.placed".into();
+        event.schema_file = String::new();
+        event.content_type = JSON_CONTENT_TYPE.into();
+        event.extensions.insert("tenant".into(), "acme".into());
+        event.data = br#"{"order_id":"o-1","total_cents":4200}"#.to_vec();
+        let msg = received(&event);
+        let header = |name: &str| msg.headers().unwrap().iter().find(|h| h.key == name).and_then(|h| h.value).map(<[u8]>::to_vec);
+        assert_eq!(header("ce_tenant").as_deref(), Some(&b"acme"[..]));
+        assert_eq!(header("ce_dataschema"), None);
+        let decoded = decode_record(&msg).unwrap();
+        assert_eq!(decoded.json_as::<Placed>().unwrap(), Placed { order_id: "o-1".into(), total_cents: 4200 });
+        assert!(decoded.writer.is_none() && decoded.schema_file.is_empty());
+        assert!(decode_record(&received(&avro)).unwrap().json_as::<Placed>().is_err(), "Avro is not JSON");
+
+        event.data = b"{not json".to_vec();
+        let err = decode_record(&received(&event)).unwrap_err();
+        assert!(err.to_string().contains("not JSON"), "{err}");
     }
 
     #[test]

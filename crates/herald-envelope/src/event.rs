@@ -13,6 +13,9 @@ pub const SOURCE_EXPORTS: &str = "/herald/exports";
 
 /// Content type of event data: one Avro datum in binary encoding.
 pub const AVRO_CONTENT_TYPE: &str = "application/avro";
+/// Content type of JSON event data (applications' own events, through the
+/// outbox contract).
+pub const JSON_CONTENT_TYPE: &str = "application/json";
 
 /// Extension attributes of the CloudEvents distributed-tracing extension.
 pub const TRACEPARENT: &str = "traceparent";

@@ -80,7 +80,7 @@ pub fn decode_legacy(value: &[u8]) -> Result<DecodedEvent, EnvelopeError> {
         subject: legacy.subject,
         time: legacy.event_time_ms.and_then(chrono::DateTime::from_timestamp_millis),
         schema_file: schema_file.to_owned(),
-        writer,
+        writer: Some(writer),
         data,
         // The legacy envelope has no place for trace context.
         trace: None,

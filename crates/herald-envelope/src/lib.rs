@@ -29,7 +29,7 @@ mod error;
 pub use data::{EventData, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested, OutOfRange};
 pub use decode::{DecodedEvent, decode_record, decode_record_with};
 pub use error::EnvelopeError;
-pub use event::{AVRO_CONTENT_TYPE, EventKey, OutboxEvent, SOURCE_EXPORTS};
+pub use event::{AVRO_CONTENT_TYPE, EventKey, JSON_CONTENT_TYPE, OutboxEvent, SOURCE_EXPORTS};
 pub use legacy::{decode_any, decode_any_with};
 pub use schema::Registry;
 pub use trace::TraceContext;

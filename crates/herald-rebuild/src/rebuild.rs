@@ -4,6 +4,7 @@
 
 use herald_consumer::Projection;
 use herald_consumer::replay::{self, ReplayProgress};
+use herald_envelope::Registry;
 use herald_fault::{Hook, Point};
 use herald_kafka::{KafkaConfig, offsets};
 use herald_projections::search::DocumentRow;
@@ -43,6 +44,9 @@ pub struct RebuildOptions {
     /// Fault hook, none in production: called at `before-open`, after the
     /// topic's ends were read and before the generation opens.
     pub faults: Hook,
+    /// Writer schemas and accepted sources of the replay, as the live
+    /// subscription's (a record it would refuse is skipped).
+    pub registry: Registry,
 }
 
 impl Default for RebuildOptions {
@@ -56,6 +60,7 @@ impl Default for RebuildOptions {
             batch: replay::DEFAULT_BATCH,
             from_snapshot: None,
             faults: Hook::none(),
+            registry: Registry::embedded(),
         }
     }
 }
@@ -119,9 +124,11 @@ pub async fn rebuild<P: Projection>(
     // (herald-rebuild does not depend on herald-notify).
     let span = tracing::info_span!("rebuild.replay", projection = P::NAME, generation, records = tracing::field::Empty);
     let replayed =
-        replay::replay(db, projection, &options.kafka, &options.topic, generation, options.batch, shutdown, |p| progress.replayed(p))
-            .instrument(span.clone())
-            .await?;
+        replay::replay(db, projection, &options.kafka, &options.topic, generation, options.batch, &options.registry, shutdown, |p| {
+            progress.replayed(p)
+        })
+        .instrument(span.clone())
+        .await?;
     span.record("records", replayed.done);
     let mut report = report::<P>(generation, previous_active, BUILDING, options, replayed, false);
     report.resumed = resumed;

@@ -170,6 +170,7 @@ async fn build_generation<P: Projection>(
         batch: build.batch,
         from_snapshot,
         faults: herald_fault::Hook::none(),
+        registry: herald_envelope::Registry::embedded(),
     };
     let shutdown = CancellationToken::new();
     let signal = shutdown.clone();

@@ -39,7 +39,7 @@ pub async fn rebuild_and_switch(wiring: &Wiring, provider_url: &str, n: i64) -> 
         dry_run: false,
         batch: DEFAULT_BATCH,
         from_snapshot: None,
-        faults: herald_fault::Hook::none(),
+        ..RebuildOptions::default()
     };
     let report = herald_rebuild::rebuild::rebuild(db, &Search, &options, &mut Quiet, &CancellationToken::new()).await?;
     let after = generations::active(db, "search").await?;

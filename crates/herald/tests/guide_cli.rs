@@ -1,0 +1,81 @@
+//! docs/use-herald-with-your-service.md, run as written: every `sh`, `sql`
+//! and `python` block in order, as one shell session (SQL through psql,
+//! Python through python3), on PostgreSQL and the shared Apache Kafka
+//! cluster, with `herald` and the example's `order-totals` on the PATH.
+//! Only the topic names are made unique, so runs on one cluster do not
+//! meet. A block that fails fails the test with the session's output.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use herald_testkit::unique;
+
+/// The guide's runnable blocks, in order: `(language, text)`.
+fn blocks(doc: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut lines = doc.lines();
+    while let Some(line) = lines.next() {
+        let Some(lang) = line.strip_prefix("```").filter(|l| !l.is_empty()) else { continue };
+        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+        if ["sh", "sql", "python"].contains(&lang) {
+            out.push((lang.to_owned(), body.join("\n")));
+        }
+    }
+    out
+}
+
+/// One bash script running `blocks`; background jobs die with it.
+fn session(blocks: &[(String, String)]) -> String {
+    let mut script = String::from("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n");
+    for (lang, body) in blocks {
+        match lang.as_str() {
+            "sh" => script.push_str(body),
+            "sql" => script.push_str(&format!("psql -v ON_ERROR_STOP=1 -q \"$HERALD_DATABASE_URL\" <<'HERALD_SQL'\n{body}\nHERALD_SQL")),
+            _ => script.push_str(&format!("python3 - <<'HERALD_PY'\n{body}\nHERALD_PY")),
+        }
+        script.push('\n');
+    }
+    script
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_guide_runs_as_written_postgres() -> anyhow::Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let doc = std::fs::read_to_string(root.join("docs/use-herald-with-your-service.md"))?;
+    let blocks = blocks(&doc);
+    let langs: Vec<&str> = blocks.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(langs, ["sh", "sql", "python", "sh", "sh", "sh"], "the guide's blocks changed: update this test's expectations");
+
+    let bin = Path::new(env!("CARGO_BIN_EXE_herald")).parent().expect("a directory").to_owned();
+    anyhow::ensure!(
+        bin.join("order-totals").exists(),
+        "{} has no order-totals binary: `cargo build -p order-totals` (scripts/test builds the workspace)",
+        bin.display()
+    );
+    let test_db = herald_testkit::postgres_db().await?;
+    let brokers = herald_testkit::real_broker()?;
+    let prefix = unique("guide");
+    let script = session(&blocks).replace("shop.orders", &format!("{prefix}.orders")).replace("shop.other", &format!("{prefix}.other"));
+
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let child = tokio::process::Command::new("bash")
+        .args(["-c", &script])
+        .env("PATH", path)
+        .env("HERALD_DATABASE_URL", &test_db.url)
+        .env("HERALD_KAFKA_BROKERS", &brokers)
+        .env("HERALD_LOG", "warn")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
+        .await
+        .map_err(|_| anyhow::anyhow!("the guide's session did not finish in 240 s"))??;
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the guide failed ({}):\n{stdout}\n{stderr}", out.status);
+    assert_eq!(stdout.matches("alice: 2 orders, 5000 cents").count(), 2, "before and after the rebuild:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("generation 2 active"), "{stdout}\n{stderr}");
+    Ok(())
+}
