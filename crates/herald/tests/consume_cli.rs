@@ -198,10 +198,15 @@ async fn sigkill_between_commit_and_offsets(database: Database) -> anyhow::Resul
     let second = bed.consume("stats", None)?;
     herald_testkit::wait_until("stats to apply all 60", PATIENCE, || async { Ok(inbox::count(&bed.db, "stats").await? == 60) }).await?;
     let summary = second.terminate().await?;
-    assert_eq!(
-        summary["duplicates"],
-        applied - committed,
-        "exactly the applied-but-uncommitted records came back, and were absorbed: {summary}"
+    // Some of the applied-but-uncommitted records came back and were
+    // absorbed, and none that had been committed. Not an equality: twice in
+    // CI (mock cluster, SQLite) the probe read no committed offset while the
+    // next member started 15 records in, so the probe's reading is only a
+    // lower bound of what the group had committed.
+    let duplicates = summary["duplicates"].as_i64().unwrap_or(-1);
+    assert!(
+        duplicates > 0 && duplicates <= applied - committed,
+        "applied-but-uncommitted records came back, and were absorbed: {summary} (applied {applied}, committed {committed})"
     );
     assert_eq!(summary["applied"], 60 - applied, "{summary}");
     assert_eq!(stats_total(&bed.db).await?, 60, "no duplicate effect, no lost event");
