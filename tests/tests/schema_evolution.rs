@@ -179,8 +179,12 @@ async fn unknown_schema_is_dead_lettered_and_applied_after_deploy_and_redrive() 
     assert_eq!(letter.status, dead_letter::DEAD);
     assert_eq!(search::count_active(&db).await?, 1);
 
-    // Deployed: the registry now has v3; the v2 reader resolves v3 data.
-    let deployed = Registry::embedded().with_schema(V3_FILE, &v3_text())?;
+    // Deployed as `--schemas DIR` deploys it: a directory read beside the
+    // compiled-in schemas, checked for compatibility with them. The
+    // registry now has v3; the v2 reader resolves v3 data.
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join(V3_FILE), v3_text())?;
+    let deployed = Registry::embedded().with_dir(dir.path())?;
     assert_eq!(herald_consumer::redrive_with(&db, &Live::new(Search, &topics.events), &deployed, &letter).await?, Redriven::Applied);
     assert_eq!(search::count_active(&db).await?, 2);
     let hits = search::search(&db, "alice", "evolution job-future", 10).await?.hits;

@@ -92,11 +92,11 @@ async fn strangers_and_numbers_out_of_range_are_dead_lettered_naming_why() -> an
     // --accept-source`): refused again by default, applied once accepted.
     let letters = dead_letter::list(&bed.db, Some("stats"), Some(dead_letter::DEAD)).await?;
     let stranger = letters.iter().find(|l| l.error.contains("untrusted source `/mallory`")).expect("the stranger's letter");
-    subscriptions::redrive(&bed.db, &Registry::embedded(), stranger).await?;
+    subscriptions::redrive(&bed.db, &Registry::embedded(), &Default::default(), stranger).await?;
     assert_eq!(stats::total_exports(&bed.db).await?, 1, "still untrusted");
     let trusting = Registry::embedded().accepting(Sources::new(["/mallory".to_owned(), herald_envelope::SOURCE_EXPORTS.to_owned()])?);
     let letter = dead_letter::get(&bed.db, stranger.id).await?.expect("still there");
-    let outcome = subscriptions::redrive(&bed.db, &trusting, &letter).await?;
+    let outcome = subscriptions::redrive(&bed.db, &trusting, &Default::default(), &letter).await?;
     assert!(matches!(outcome.redriven, herald_consumer::Redriven::Applied), "{:?}", outcome.redriven);
     assert_eq!(stats::total_exports(&bed.db).await?, 2, "applied once its source is accepted");
     Ok(())

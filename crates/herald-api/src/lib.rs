@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod problem;
 pub mod ready;
 pub mod routes;
+pub mod schemas;
 pub mod trace;
 
 pub use auth::Tokens;

@@ -1,6 +1,6 @@
 //! The OpenAPI document of everything `herald serve` answers over HTTP
-//! ([`crate::router`] merged with [`crate::observe::routes`] and
-//! [`crate::ready::routes`]), served at
+//! ([`crate::router`] merged with [`crate::observe::routes`],
+//! [`crate::ready::routes`] and [`crate::schemas::routes`]), served at
 //! `GET /openapi.json`. It is assembled from the handlers' `#[utoipa::path]`
 //! annotations and the schemas of the types they serialize, so that a
 //! handler or a response type cannot change without the document seeing it.
@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::problem::Problem;
-use crate::{observe, ready, routes};
+use crate::{observe, ready, routes, schemas};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -34,6 +34,8 @@ use crate::{observe, ready, routes};
         observe::metrics,
         observe::dashboard,
         observe::status_json,
+        schemas::list_schemas,
+        schemas::get_schema,
         openapi_json,
     ),
     components(schemas(Problem)),

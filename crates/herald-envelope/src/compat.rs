@@ -77,6 +77,11 @@ pub struct Compatibility {
     pub default: Mode,
     #[serde(default)]
     pub subjects: BTreeMap<String, Mode>,
+    /// Subjects (exact, or a prefix ending in `*`) whose data must carry the
+    /// business `version` (Herald's own, whose search projection orders
+    /// facts by it); an application's subjects need not.
+    #[serde(default)]
+    pub versioned: Vec<String>,
 }
 
 impl Compatibility {
@@ -86,6 +91,10 @@ impl Compatibility {
 
     pub fn mode_of(&self, subject: &str) -> Mode {
         self.subjects.get(subject).copied().unwrap_or(self.default)
+    }
+
+    pub fn is_versioned(&self, subject: &str) -> bool {
+        self.versioned.iter().any(|p| p.strip_suffix('*').map_or(p == subject, |prefix| subject.starts_with(prefix)))
     }
 }
 
@@ -128,7 +137,11 @@ pub fn parse_file_name(file: &str) -> Option<(&str, u32)> {
 /// Checks the `.avsc` files among `files` (name, content) against
 /// `compatibility` (the text of `compatibility.toml`). Other files are ignored.
 pub fn check(files: &[(String, String)], compatibility: &str) -> Result<Report, CheckInputError> {
-    let rules = Compatibility::parse(compatibility)?;
+    check_rules(files, &Compatibility::parse(compatibility)?)
+}
+
+/// [`check`] with the rules already parsed (merged from several files).
+pub fn check_rules(files: &[(String, String)], rules: &Compatibility) -> Result<Report, CheckInputError> {
     let mut by_subject: BTreeMap<String, BTreeMap<u32, Schema>> = BTreeMap::new();
     for (file, text) in files.iter().filter(|(f, _)| f.ends_with(".avsc")) {
         let (subject, version) = parse_file_name(file).ok_or_else(|| CheckInputError::FileName(file.clone()))?;
@@ -141,13 +154,13 @@ pub fn check(files: &[(String, String)], compatibility: &str) -> Result<Report, 
     }
     for (subject, versions) in &by_subject {
         let mode = rules.mode_of(subject);
-        check_subject(subject, mode, versions, &mut report.violations);
+        check_subject(subject, mode, rules.is_versioned(subject), versions, &mut report.violations);
         report.subjects.push(Subject { name: subject.clone(), mode, versions: versions.keys().copied().collect() });
     }
     Ok(report)
 }
 
-fn check_subject(subject: &str, mode: Mode, versions: &BTreeMap<u32, Schema>, out: &mut Vec<String>) {
+fn check_subject(subject: &str, mode: Mode, versioned: bool, versions: &BTreeMap<u32, Schema>, out: &mut Vec<String>) {
     let max = versions.keys().max().copied().unwrap_or(0);
     for missing in (1..=max).filter(|v| !versions.contains_key(v)) {
         out.push(format!(
@@ -155,7 +168,7 @@ fn check_subject(subject: &str, mode: Mode, versions: &BTreeMap<u32, Schema>, ou
         ));
     }
     for (&v, schema) in versions {
-        if let Some(problem) = version_field_problem(schema) {
+        if let Some(problem) = version_field_problem(schema).filter(|_| versioned) {
             out.push(format!("{subject} v{v}: {problem}"));
         }
         let earlier: Vec<u32> = versions.keys().copied().filter(|&p| p < v).collect();

@@ -15,7 +15,7 @@ use crate::{EnvelopeError, schema};
 pub const MAX_AVRO_ALLOCATION: usize = 8 * 1024 * 1024;
 
 /// Sets the cap before the first decode (apache-avro keeps the first value set).
-fn bound_allocations() {
+pub(crate) fn bound_allocations() {
     apache_avro::util::max_allocation_bytes(MAX_AVRO_ALLOCATION);
 }
 

@@ -1,5 +1,6 @@
 //! Kafka record → validated Herald event. Every byte on a topic is untrusted.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use apache_avro::Schema;
@@ -30,6 +31,8 @@ pub struct DecodedEvent {
     /// The trace the event was written in (`ce_traceparent`); `None` when
     /// absent or malformed.
     pub trace: Option<TraceContext>,
+    /// Its other CloudEvents extension attributes, as text.
+    pub extensions: BTreeMap<String, String>,
 }
 
 impl DecodedEvent {
@@ -40,6 +43,17 @@ impl DecodedEvent {
             Some(writer) => T::from_avro_with(writer, &self.schema_file, &self.data),
             None => self.json_as(),
         }
+    }
+
+    /// The data as JSON whatever its encoding: Avro decoded with the
+    /// writer's schema (records become objects), JSON as is. What
+    /// configuration (notification templates) reads fields from.
+    pub fn data_json(&self) -> Result<serde_json::Value, EnvelopeError> {
+        let Some(writer) = &self.writer else { return self.json_as() };
+        crate::data::bound_allocations();
+        let err = |reason: String| EnvelopeError::Data { schema: self.schema_file.clone(), reason };
+        let value = apache_avro::from_avro_datum(writer, &mut &self.data[..], None).map_err(|e| err(e.to_string()))?;
+        serde_json::Value::try_from(value).map_err(|e| err(e.to_string()))
     }
 
     /// JSON data (`application/json`) as any deserializable `T`: what an
@@ -97,7 +111,17 @@ fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeE
         writer,
         data,
         trace: trace_of(&event),
+        extensions: extensions_of(&event),
     })
+}
+
+/// Extension attributes other than trace context, as text.
+fn extensions_of(event: &Event) -> BTreeMap<String, String> {
+    event
+        .iter_extensions()
+        .filter(|(name, _)| *name != TRACEPARENT && *name != TRACESTATE)
+        .map(|(name, value)| (name.to_owned(), value.to_string()))
+        .collect()
 }
 
 /// The bytes of JSON data, checked to be one JSON value (a record whose
@@ -232,6 +256,10 @@ mod tests {
         assert_eq!(header("ce_dataschema"), None);
         let decoded = decode_record(&msg).unwrap();
         assert_eq!(decoded.json_as::<Placed>().unwrap(), Placed { order_id: "o-1".into(), total_cents: 4200 });
+        assert_eq!(decoded.extensions.get("tenant").map(String::as_str), Some("acme"));
+        assert_eq!(decoded.data_json().unwrap()["total_cents"], 4200);
+        let avro_json = decode_record(&received(&avro)).unwrap().data_json().unwrap();
+        assert_eq!((avro_json["caller"].as_str(), avro_json["size_bytes"].as_i64()), (Some("alice"), Some(3)));
         assert!(decoded.writer.is_none() && decoded.schema_file.is_empty());
         assert!(decode_record(&received(&avro)).unwrap().json_as::<Placed>().is_err(), "Avro is not JSON");
 

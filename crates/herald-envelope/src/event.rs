@@ -86,6 +86,12 @@ impl OutboxEvent {
 
     /// The CloudEvents 1.0 form of this event.
     pub fn to_cloudevent(&self) -> Result<Event, EnvelopeError> {
+        self.to_cloudevent_under(None)
+    }
+
+    /// The CloudEvents form with a Herald schema's `dataschema` under
+    /// `base` (an absolute URL ending in `/`) instead of `herald:schemas/`.
+    pub fn to_cloudevent_under(&self, base: Option<&str>) -> Result<Event, EnvelopeError> {
         let mut builder = EventBuilderV10::new();
         if let Some(trace) = &self.trace {
             builder = builder.extension(TRACEPARENT, trace.traceparent.as_str());
@@ -100,7 +106,7 @@ impl OutboxEvent {
         if !self.subject.is_empty() {
             builder = builder.subject(&self.subject);
         }
-        builder = match self.dataschema() {
+        builder = match self.dataschema_under(base) {
             Some(uri) => builder.data_with_schema(self.content_type.as_str(), uri.as_str(), self.data.clone()),
             None => builder.data(self.content_type.as_str(), self.data.clone()),
         };
@@ -110,15 +116,24 @@ impl OutboxEvent {
     /// The `dataschema` attribute: Herald's URI for a file of its registry,
     /// the writer's own absolute URI as given, none when empty.
     pub fn dataschema(&self) -> Option<String> {
+        self.dataschema_under(None)
+    }
+
+    fn dataschema_under(&self, base: Option<&str>) -> Option<String> {
         match self.schema_file.as_str() {
             "" => None,
             uri if uri.contains(':') => Some(uri.to_owned()),
-            file => Some(schema::dataschema_uri(file)),
+            file => Some(schema::dataschema_under(base, file)),
         }
     }
 
     /// Headers and value of the Kafka record, in binary content mode.
     pub fn to_kafka_record(&self) -> Result<MessageRecord, EnvelopeError> {
-        MessageRecord::from_event(self.to_cloudevent()?).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+        self.to_kafka_record_under(None)
+    }
+
+    /// [`OutboxEvent::to_kafka_record`] with `dataschema` under `base`.
+    pub fn to_kafka_record_under(&self, base: Option<&str>) -> Result<MessageRecord, EnvelopeError> {
+        MessageRecord::from_event(self.to_cloudevent_under(base)?).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
     }
 }

@@ -82,8 +82,9 @@ pub fn decode_legacy(value: &[u8]) -> Result<DecodedEvent, EnvelopeError> {
         schema_file: schema_file.to_owned(),
         writer: Some(writer),
         data,
-        // The legacy envelope has no place for trace context.
+        // The legacy envelope has no place for trace context or extensions.
         trace: None,
+        extensions: Default::default(),
     })
 }
 

@@ -8,12 +8,13 @@
 //! schema is in place, redriving the letter applies it.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use apache_avro::Schema;
 
 use crate::EnvelopeError;
-use crate::compat::parse_file_name;
+use crate::compat::{COMPATIBILITY_FILE, Compatibility, check_rules, parse_file_name};
 use crate::trust::Sources;
 
 /// Prefix of a `dataschema` value; the rest is the file name under `schemas/`.
@@ -35,8 +36,14 @@ pub const FILES: &[(&str, &str)] = &[
 #[derive(Debug, Clone)]
 pub struct Registry {
     schemas: Arc<BTreeMap<String, Arc<Schema>>>,
+    /// Each file's text as written, for serving it (`GET /schemas/{file}`).
+    texts: Arc<BTreeMap<String, Arc<str>>>,
     sources: Sources,
 }
+
+/// `schemas/compatibility.toml` of this build: the modes of Herald's own
+/// subjects, which a deployed directory is checked under too.
+pub const COMPATIBILITY: &str = include_str!("../../../schemas/compatibility.toml");
 
 impl Registry {
     /// The schemas compiled into this build.
@@ -53,7 +60,8 @@ impl Registry {
                         ((*name).to_owned(), Arc::new(schema))
                     })
                     .collect();
-                Registry { schemas: Arc::new(schemas), sources: Sources::herald() }
+                let texts = FILES.iter().map(|(name, text)| ((*name).to_owned(), Arc::from(*text))).collect();
+                Registry { schemas: Arc::new(schemas), texts: Arc::new(texts), sources: Sources::herald() }
             })
             .clone()
     }
@@ -81,7 +89,58 @@ impl Registry {
         let schema = Schema::parse_str(text).map_err(|e| bad(e.to_string()))?;
         let mut schemas = (*self.schemas).clone();
         schemas.insert(file.to_owned(), Arc::new(schema));
-        Ok(Registry { schemas: Arc::new(schemas), sources: self.sources.clone() })
+        let mut texts = (*self.texts).clone();
+        texts.insert(file.to_owned(), Arc::from(text));
+        Ok(Registry { schemas: Arc::new(schemas), texts: Arc::new(texts), sources: self.sources.clone() })
+    }
+
+    /// This registry plus every `<subject>.v<N>.avsc` of `dir`: schemas
+    /// deployed after the build, so a new event type or version needs no
+    /// rebuild. The union must pass the compatibility check under this
+    /// build's modes and the directory's own `compatibility.toml` (if any,
+    /// its entries win); a file this registry already has must be identical.
+    pub fn with_dir(&self, dir: &Path) -> Result<Registry, EnvelopeError> {
+        let bad = |reason: String| EnvelopeError::BadSchema { file: dir.display().to_string(), reason };
+        let entries = std::fs::read_dir(dir).map_err(|e| bad(e.to_string()))?;
+        let mut deployed = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| bad(e.to_string()))?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).filter(|n| n.ends_with(".avsc")).map(str::to_owned) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path).map_err(|e| bad(format!("{name}: {e}")))?;
+            deployed.push((name, text));
+        }
+        deployed.sort();
+        let own_rules = match std::fs::read_to_string(dir.join(COMPATIBILITY_FILE)) {
+            Ok(text) => Some(Compatibility::parse(&text).map_err(|e| bad(e.to_string()))?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(bad(format!("{COMPATIBILITY_FILE}: {e}"))),
+        };
+        let mut registry = self.clone();
+        for (name, text) in &deployed {
+            match self.texts.get(name) {
+                Some(known) if known.as_ref() == text => {}
+                Some(_) => return Err(bad(format!("{name} differs from the released file of that name; released files never change"))),
+                None => registry = registry.with_schema(name, text)?,
+            }
+        }
+        let mut rules = Compatibility::parse(COMPATIBILITY).map_err(|e| bad(e.to_string()))?;
+        if let Some(own) = own_rules {
+            rules.default = own.default;
+            rules.subjects.extend(own.subjects);
+        }
+        let all: Vec<(String, String)> = registry.texts.iter().map(|(n, t)| (n.clone(), t.to_string())).collect();
+        let report = check_rules(&all, &rules).map_err(|e| bad(e.to_string()))?;
+        if !report.violations.is_empty() {
+            return Err(bad(format!("incompatible with the schemas before it: {}", report.violations.join("; "))));
+        }
+        Ok(registry)
+    }
+
+    /// The text of `file` as it was written, if known.
+    pub fn text(&self, file: &str) -> Option<&str> {
+        self.texts.get(file).map(|t| &**t)
     }
 
     /// The schema of `file`, or `unknown schema <file>`.
@@ -106,9 +165,31 @@ pub fn dataschema_uri(file: &str) -> String {
     format!("{DATASCHEMA_PREFIX}{file}")
 }
 
-/// The schema file named by a `dataschema` URI.
+/// The `dataschema` naming `file`: under `base` (an absolute URL ending in
+/// `/`, where `GET /schemas/{file}` serves it) when one is configured.
+pub fn dataschema_under(base: Option<&str>, file: &str) -> String {
+    match base {
+        Some(base) => format!("{base}{file}"),
+        None => dataschema_uri(file),
+    }
+}
+
+/// The schema file named by a `dataschema` URI: `herald:schemas/<file>`, or
+/// an http(s) URL whose last path segment is a `<subject>.v<N>.avsc` file
+/// (Herald's `GET /schemas/{file}` under any base). The name is the
+/// identity: a consumer reads with the schema of that name it knows and
+/// never fetches the URL.
 pub fn file_of_dataschema(uri: &str) -> Result<&str, EnvelopeError> {
-    uri.strip_prefix(DATASCHEMA_PREFIX).filter(|file| !file.is_empty()).ok_or_else(|| EnvelopeError::UnknownSchema(uri.to_owned()))
+    let unknown = || EnvelopeError::UnknownSchema(uri.to_owned());
+    if let Some(file) = uri.strip_prefix(DATASCHEMA_PREFIX) {
+        return Some(file).filter(|file| !file.is_empty()).ok_or_else(unknown);
+    }
+    if !(uri.starts_with("https://") || uri.starts_with("http://")) {
+        return Err(unknown());
+    }
+    let path = uri.split(['?', '#']).next().unwrap_or_default();
+    let file = path.rsplit('/').next().unwrap_or_default();
+    parse_file_name(file).map(|_| file).ok_or_else(unknown)
 }
 
 #[cfg(test)]
@@ -164,5 +245,41 @@ mod tests {
         let uri = dataschema_uri("export.completed.v1.avsc");
         assert_eq!(file_of_dataschema(&uri).unwrap(), "export.completed.v1.avsc");
         assert!(file_of_dataschema("https://example.test/x.avsc").is_err());
+        assert!(file_of_dataschema("ftp://example.test/schemas/export.completed.v1.avsc").is_err());
+        let under = dataschema_under(Some("https://herald.example/schemas/"), "export.completed.v1.avsc");
+        assert_eq!(file_of_dataschema(&under).unwrap(), "export.completed.v1.avsc");
+    }
+
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    const ORDER_V1: &str = r#"{"type":"record","name":"OrderPlaced","namespace":"shop","fields":[{"name":"order_id","type":"string"}]}"#;
+
+    #[test]
+    fn a_directory_adds_new_subjects_and_versions_checked_with_the_embedded_ones() {
+        let added = r#"{"type":"record","name":"OrderPlaced","namespace":"shop","fields":[{"name":"order_id","type":"string"},{"name":"cents","type":"long","default":0}]}"#;
+        let dir = dir_with(&[("shop.order.placed.v1.avsc", ORDER_V1), ("shop.order.placed.v2.avsc", added), (FILES[1].0, FILES[1].1)]);
+        let registry = Registry::embedded().with_dir(dir.path()).unwrap();
+        assert!(registry.get("shop.order.placed.v2.avsc").is_ok());
+        assert_eq!(registry.text("shop.order.placed.v1.avsc"), Some(ORDER_V1));
+        assert_eq!(registry.text(FILES[0].0), Some(FILES[0].1), "the embedded ones stay");
+    }
+
+    #[test]
+    fn a_directory_that_breaks_compatibility_or_a_released_file_is_refused() {
+        // v2 drops a field without a default: old data no longer reads (backward).
+        let breaking = r#"{"type":"record","name":"OrderPlaced","namespace":"shop","fields":[{"name":"id","type":"long"}]}"#;
+        let dir = dir_with(&[("shop.order.placed.v1.avsc", ORDER_V1), ("shop.order.placed.v2.avsc", breaking)]);
+        let err = Registry::embedded().with_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("incompatible"), "{err}");
+        let changed = dir_with(&[(FILES[1].0, ORDER_V1)]);
+        let err = Registry::embedded().with_dir(changed.path()).unwrap_err().to_string();
+        assert!(err.contains("released files never change"), "{err}");
+        assert!(Registry::embedded().with_dir(Path::new("/no/such/dir")).is_err());
     }
 }

@@ -6,8 +6,10 @@
 //! the intent's own key (`ON CONFLICT DO NOTHING`), which also holds for a
 //! fact that reaches this table by another path, e.g. a redrive.
 
+use std::sync::Arc;
+
 use herald_consumer::{Handler, HandlerError, Record};
-use herald_envelope::{DecodedEvent, EventData, EventKey, ExportCompleted};
+use herald_envelope::{DecodedEvent, EventKey};
 use herald_store::{Db, StoreError, Tx, now_ms};
 use sha2::{Digest, Sha256};
 use sqlx::Row;
@@ -19,10 +21,26 @@ pub const PENDING: &str = "pending";
 /// Kind of notification a completion creates.
 pub const KIND_EXPORT_COMPLETED: &str = "export.completed";
 
-/// Creates intents from `herald.export.completed`; the recipient is the
-/// caller who requested the export.
-#[derive(Debug, Clone, Default)]
-pub struct NotifyHandler;
+use crate::templates::{self, NotifyRules, Rendered};
+
+/// Creates intents from the events its rules take ([`NotifyRules`]; by
+/// default Herald's own: a completed export tells its caller).
+#[derive(Debug, Clone)]
+pub struct NotifyHandler {
+    rules: Arc<NotifyRules>,
+}
+
+impl Default for NotifyHandler {
+    fn default() -> Self {
+        NotifyHandler::new(NotifyRules::exports())
+    }
+}
+
+impl NotifyHandler {
+    pub fn new(rules: NotifyRules) -> NotifyHandler {
+        NotifyHandler { rules: Arc::new(rules) }
+    }
+}
 
 /// The intent's idempotency key: the same event and recipient give the same
 /// key in every process and on every delivery, so the provider can collapse
@@ -39,21 +57,34 @@ pub fn idempotency_key(event: &EventKey, recipient: &str) -> String {
 
 impl Handler for NotifyHandler {
     fn handles(&self, event_type: &str) -> bool {
-        event_type == ExportCompleted::EVENT_TYPE
+        self.rules.handles(event_type)
     }
 
     async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
         let mut rows = Vec::with_capacity(records.len());
         for record in records {
-            let data: ExportCompleted = record.event.data_as()?;
-            rows.push((record.event, data));
+            if let Some(rendered) = self.render(record.event)? {
+                rows.push((record.event, rendered));
+            }
         }
         insert(tx, &rows).await?;
         Ok(())
     }
 }
 
-async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> Result<(), StoreError> {
+impl NotifyHandler {
+    /// The intent `event` creates; an event its rule cannot render is
+    /// rejected (dead-lettered, naming the field).
+    fn render(&self, event: &DecodedEvent) -> Result<Option<Rendered>, HandlerError> {
+        let ext = serde_json::to_value(&event.extensions).map_err(|e| HandlerError::Reject(e.to_string()))?;
+        let time = event.time.map(|t| t.to_rfc3339());
+        let view =
+            templates::view(&event.key.id, &event.key.source, &event.event_type, event.subject.as_deref(), time, event.data_json()?, ext);
+        self.rules.render(&event.event_type, &view).map_err(|e| HandlerError::Reject(e.to_string()))
+    }
+}
+
+async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, Rendered)]) -> Result<(), StoreError> {
     let now = now_ms();
     for chunk in herald_store::outbox::statement_chunks(rows) {
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 12 + 1, 12))).collect();
@@ -63,20 +94,16 @@ async fn insert(tx: &mut Tx<'_>, rows: &[(&DecodedEvent, ExportCompleted)]) -> R
             values.join(", ")
         );
         let mut query = sqlx::query(&sql);
-        for (event, data) in chunk {
-            let recipient = &data.caller;
-            let body = serde_json::json!({
-                "job_id": data.job_id, "format": data.format, "query": data.query,
-                "result_id": data.result_id, "size_bytes": data.size_bytes,
-            });
+        for (event, rendered) in chunk {
+            let recipient = &rendered.recipient;
             query = query
                 .bind(idempotency_key(&event.key, recipient))
                 .bind(&event.key.source)
                 .bind(&event.key.id)
                 .bind(recipient)
-                .bind(KIND_EXPORT_COMPLETED)
-                .bind(&data.job_id)
-                .bind(body.to_string())
+                .bind(&rendered.kind)
+                .bind(&rendered.reference)
+                .bind(rendered.body.to_string())
                 .bind(PENDING)
                 .bind(now)
                 .bind(now)

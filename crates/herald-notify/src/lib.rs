@@ -28,3 +28,4 @@ pub mod provider;
 pub mod reconcile;
 pub mod rules;
 pub mod start;
+pub mod templates;

@@ -34,6 +34,10 @@ pub struct RelayConfig {
     pub producer: Vec<(String, String)>,
     /// Topics of rows appended without one (the outbox contract).
     pub routes: Routes,
+    /// Where consumers resolve Herald's schemas (`GET /schemas/{file}`):
+    /// an absolute URL ending in `/` that a record's `dataschema` is put
+    /// under instead of `herald:schemas/`.
+    pub dataschema_base: Option<String>,
     /// Fault injection (tests): [`herald_fault::Point::BeforeProgress`], with
     /// the slice and the batch's row count, after the broker acknowledged a
     /// batch and before its progress write.
@@ -55,6 +59,7 @@ impl Default for RelayConfig {
             owner: default_owner(),
             producer: Vec::new(),
             routes: Routes::to(herald_kafka::Topics::default().events.as_str()),
+            dataschema_base: None,
             faults: Hook::none(),
         }
     }

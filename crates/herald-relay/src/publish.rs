@@ -38,17 +38,23 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 pub(crate) struct Publisher {
     config: ClientConfig,
     routes: Routes,
+    dataschema_base: Option<String>,
     producer: Mutex<Arc<FutureProducer>>,
 }
 
 impl Publisher {
-    pub(crate) fn new(kafka: &KafkaConfig, overrides: &[(String, String)], routes: Routes) -> Result<Publisher, KafkaError> {
+    pub(crate) fn new(
+        kafka: &KafkaConfig,
+        overrides: &[(String, String)],
+        routes: Routes,
+        dataschema_base: Option<String>,
+    ) -> Result<Publisher, KafkaError> {
         let mut config = producer_config(kafka);
         for (key, value) in overrides {
             config.set(key, value);
         }
         let producer = config.create()?;
-        Ok(Publisher { config, routes, producer: Mutex::new(Arc::new(producer)) })
+        Ok(Publisher { config, routes, dataschema_base, producer: Mutex::new(Arc::new(producer)) })
     }
 
     fn current(&self) -> Arc<FutureProducer> {
@@ -63,7 +69,7 @@ impl Publisher {
         let mut verdicts = Vec::with_capacity(rows.len());
         for row in rows {
             let topic = self.routes.topic_for(&row.event.event_type, &row.event.topic);
-            verdicts.push(send(&producer, row, topic).await);
+            verdicts.push(send(&producer, row, topic, self.dataschema_base.as_deref()).await);
         }
         verdicts
     }
@@ -111,8 +117,8 @@ fn publish_span(row: &OutboxRow, topic: &str) -> Option<Span> {
     Some(span)
 }
 
-async fn send(producer: &FutureProducer, row: &OutboxRow, topic: &str) -> BoxFuture<'static, Result<(), PublishError>> {
-    let message = match row.event.to_kafka_record() {
+async fn send(producer: &FutureProducer, row: &OutboxRow, topic: &str, base: Option<&str>) -> BoxFuture<'static, Result<(), PublishError>> {
+    let message = match row.event.to_kafka_record_under(base) {
         Ok(message) => message,
         Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
     };

@@ -8,6 +8,8 @@ use clap::Args;
 use herald_api::Tokens;
 use herald_envelope::{Registry, Sources};
 use herald_kafka::{EmbeddedKafka, KafkaConfig, Topics};
+use herald_notify::intents::NotifyHandler;
+use herald_notify::templates::NotifyRules;
 use herald_secret::{Secret, SecretUrl};
 use tempfile::TempDir;
 use tracing::info;
@@ -53,16 +55,42 @@ pub struct SourceArgs {
     /// Herald's own, `/herald/exports`.
     #[arg(long = "accept-source", env = "HERALD_ACCEPT_SOURCES", value_delimiter = ',', global = true)]
     pub accept_sources: Vec<String>,
+    /// A directory of `<subject>.v<N>.avsc` schemas deployed after the build
+    /// (and its own `compatibility.toml`, optional), read beside the
+    /// compiled-in ones: a new event type or version needs no rebuild. The
+    /// union must pass the compatibility check, or the command stops (exit 2).
+    #[arg(long = "schemas", env = "HERALD_SCHEMAS", global = true)]
+    pub schemas: Option<std::path::PathBuf>,
+    /// Which events create notification intents, for whom, with which body
+    /// (a TOML file of `[[notify]]` rules, templates over the event; see
+    /// README). Default: a completed export tells its caller.
+    #[arg(long = "notify-rules", env = "HERALD_NOTIFY_RULES", global = true)]
+    pub notify_rules: Option<std::path::PathBuf>,
 }
 
 impl SourceArgs {
-    /// The embedded schemas, accepting the sources `--accept-source` names.
+    /// The embedded schemas plus `--schemas`, accepting the sources
+    /// `--accept-source` names.
     pub fn registry(&self) -> Result<Registry, BadConnection> {
+        let mut registry = Registry::embedded();
+        if let Some(dir) = &self.schemas {
+            registry = registry.with_dir(dir).map_err(|e| BadConnection(format!("--schemas: {e}")))?;
+        }
         if self.accept_sources.is_empty() {
-            return Ok(Registry::embedded());
+            return Ok(registry);
         }
         let sources = Sources::new(self.accept_sources.iter().cloned()).map_err(|e| BadConnection(format!("--accept-source: {e}")))?;
-        Ok(Registry::embedded().accepting(sources))
+        Ok(registry.accepting(sources))
+    }
+}
+
+impl SourceArgs {
+    /// The notify subscription's handler: `--notify-rules`, else Herald's own.
+    pub fn notify_handler(&self) -> Result<NotifyHandler, BadConnection> {
+        let Some(path) = &self.notify_rules else { return Ok(NotifyHandler::default()) };
+        let text = std::fs::read_to_string(path).map_err(|e| BadConnection(format!("--notify-rules {}: {e}", path.display())))?;
+        let rules = NotifyRules::parse(&text).map_err(|e| BadConnection(format!("--notify-rules {}: {e}", path.display())))?;
+        Ok(NotifyHandler::new(rules))
     }
 }
 
@@ -70,6 +98,11 @@ impl Backends {
     /// The embedded schemas, accepting the sources `--accept-source` names.
     pub fn registry(&self) -> Result<Registry, BadConnection> {
         self.sources.registry()
+    }
+
+    /// See [`SourceArgs::notify_handler`].
+    pub fn notify_handler(&self) -> Result<NotifyHandler, BadConnection> {
+        self.sources.notify_handler()
     }
 }
 

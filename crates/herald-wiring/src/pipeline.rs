@@ -83,6 +83,8 @@ pub struct RoleOptions {
     /// Schemas the subscriptions decode and the sources they accept
     /// (`--accept-source`).
     pub registry: Registry,
+    /// The notify subscription's handler (its `--notify-rules`).
+    pub notify: herald_notify::intents::NotifyHandler,
     /// What callers may ask of the API at once.
     pub api_limits: herald_api::limits::Limits,
     /// Where `/metrics`, `/status` and `/status.json` are served.
@@ -120,6 +122,7 @@ impl Default for RoleOptions {
             dispatch: None,
             notify_start_at: None,
             registry: Registry::embedded(),
+            notify: herald_notify::intents::NotifyHandler::default(),
             api_limits: herald_api::limits::Limits::default(),
             observe: Observe::OnApi(Access::Open),
             status_interval: Duration::from_secs(1),
@@ -217,7 +220,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
         let state = AppState { db: api_db, intake, artifacts: artifacts.clone(), tokens: wiring.tokens.clone(), searches };
         let figures = start_monitor(&wiring, options.status_interval)?;
         let limited = herald_api::limits::apply(herald_api::router(state), options.api_limits, wiring.tokens.clone())
-            .merge(herald_api::ready::routes(readiness.clone()));
+            .merge(herald_api::ready::routes(readiness.clone()))
+            .merge(herald_api::schemas::routes(options.registry.clone()));
         let app = match &options.observe {
             Observe::OnApi(access) => limited.merge(herald_api::observe::routes(figures.clone(), access.clone())),
             Observe::Listener(listen) => {
@@ -267,7 +271,15 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
                 publish_subscription_counters(monitor, name.as_str(), &metrics);
             }
             let subscription_options = SubscriptionOptions { registry: options.registry.clone(), ..SubscriptionOptions::default() };
-            let run = subscription(name, wiring.clone(), subscription_options, metrics, options.notify_start_at, shutdown.clone());
+            let run = subscription(
+                name,
+                wiring.clone(),
+                subscription_options,
+                metrics,
+                options.notify_start_at,
+                options.notify.clone(),
+                shutdown.clone(),
+            );
             tasks.spawn(track(readiness.role(name.as_str()), run));
         }
     }
@@ -395,9 +407,10 @@ async fn subscription(
     options: SubscriptionOptions,
     metrics: Arc<Metrics>,
     start_at: Option<StartAt>,
+    notify: herald_notify::intents::NotifyHandler,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let sub = name.subscription(&wiring.group_prefix, &wiring.kafka, &wiring.topics.events);
-    subscriptions::run_from(name, &wiring.db, &sub, &options, &metrics, start_at, shutdown).await?;
+    subscriptions::run_from(name, &wiring.db, &sub, &options, &metrics, start_at, &notify, shutdown).await?;
     Ok(())
 }

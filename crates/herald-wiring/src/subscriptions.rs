@@ -61,12 +61,14 @@ pub async fn run(
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> anyhow::Result<MetricsSnapshot> {
-    run_from(name, db, sub, options, metrics, None, shutdown).await
+    run_from(name, db, sub, options, metrics, None, &NotifyHandler::default(), shutdown).await
 }
 
 /// [`run`], with the operator's `--start-at` for a notify group that has no
 /// committed offset (ignored by the other subscriptions, which build read
-/// models and start from the earliest retained record).
+/// models and start from the earliest retained record), and the notify
+/// subscription's handler (its rules).
+#[allow(clippy::too_many_arguments)]
 pub async fn run_from(
     name: Name,
     db: &Db,
@@ -74,6 +76,7 @@ pub async fn run_from(
     options: &SubscriptionOptions,
     metrics: &Metrics,
     start_at: Option<StartAt>,
+    notify: &NotifyHandler,
     shutdown: CancellationToken,
 ) -> anyhow::Result<MetricsSnapshot> {
     match name {
@@ -89,7 +92,7 @@ pub async fn run_from(
     let snapshot = match name {
         Name::Search => herald_consumer::run_subscription(sub, db, &live(Search, sub), options, metrics, shutdown).await?,
         Name::Stats => herald_consumer::run_subscription(sub, db, &live(Stats, sub), options, metrics, shutdown).await?,
-        Name::Notify => herald_consumer::run_subscription(sub, db, &NotifyHandler, options, metrics, shutdown).await?,
+        Name::Notify => herald_consumer::run_subscription(sub, db, notify, options, metrics, shutdown).await?,
     };
     Ok(snapshot)
 }
@@ -119,11 +122,11 @@ pub enum NamedHandler {
 
 impl NamedHandler {
     /// The handler `letter`'s subscription runs, on the letter's topic.
-    pub fn of(letter: &DeadLetter) -> anyhow::Result<NamedHandler> {
+    pub fn of(letter: &DeadLetter, notify: &NotifyHandler) -> anyhow::Result<NamedHandler> {
         Ok(match Name::parse(&letter.subscription) {
             Some(Name::Search) => NamedHandler::Search(Live::new(Search, &letter.topic)),
             Some(Name::Stats) => NamedHandler::Stats(Live::new(Stats, &letter.topic)),
-            Some(Name::Notify) => NamedHandler::Notify(NotifyHandler),
+            Some(Name::Notify) => NamedHandler::Notify(notify.clone()),
             None => anyhow::bail!("dead letter {} belongs to unknown subscription `{}`", letter.id, letter.subscription),
         })
     }
@@ -157,14 +160,14 @@ impl Handler for NamedHandler {
 
 /// Redrives `letter` through its subscription's handler, releasing the
 /// records parked behind it.
-pub async fn redrive(db: &Db, registry: &Registry, letter: &DeadLetter) -> anyhow::Result<RedriveOutcome> {
-    let handler = NamedHandler::of(letter)?;
+pub async fn redrive(db: &Db, registry: &Registry, notify: &NotifyHandler, letter: &DeadLetter) -> anyhow::Result<RedriveOutcome> {
+    let handler = NamedHandler::of(letter, notify)?;
     Ok(herald_consumer::redrive_releasing(db, &handler, registry, letter).await?)
 }
 
 /// Discards `letter`, releasing the records parked behind it through its
 /// subscription's handler.
-pub async fn discard(db: &Db, registry: &Registry, letter: &DeadLetter) -> anyhow::Result<Discarded> {
-    let handler = NamedHandler::of(letter)?;
+pub async fn discard(db: &Db, registry: &Registry, notify: &NotifyHandler, letter: &DeadLetter) -> anyhow::Result<Discarded> {
+    let handler = NamedHandler::of(letter, notify)?;
     Ok(herald_consumer::discard(db, &handler, registry, letter).await?)
 }

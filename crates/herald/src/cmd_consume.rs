@@ -91,7 +91,18 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: --start-at applies to the notify subscription only");
         return Ok(ExitCode::from(2));
     }
-    let s = match subscriptions::run_from(args.subscription, &db, &sub, &options, &metrics, args.start_at, shutdown).await {
+    let s = match subscriptions::run_from(
+        args.subscription,
+        &db,
+        &sub,
+        &options,
+        &metrics,
+        args.start_at,
+        &args.backends.notify_handler()?,
+        shutdown,
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => match e.downcast_ref::<herald_notify::start::Refused>() {
             Some(refused) => {

@@ -15,6 +15,7 @@ use herald_envelope::Registry;
 use herald_export::artifact::ArtifactStore;
 use herald_export::worker::{self, ExportWorker};
 use herald_kafka::Topics;
+use herald_notify::intents::NotifyHandler;
 use herald_store::Db;
 use herald_store::dead_letter::{self, DeadLetter};
 use herald_store::parked;
@@ -110,11 +111,12 @@ pub struct WorkerArgs {
 
 pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
     let registry = args.sources.registry()?;
+    let notify = args.sources.notify_handler()?;
     let db = args.database.open("herald dlq", herald_wiring::connection::Schema::Check).await?;
     match args.command {
         DlqCommand::List { subscription, all, json } => list(&db, subscription, all, json).await,
         DlqCommand::Redrive { id: Some(id), worker, .. } => match dead_letter::get(&db, id).await? {
-            Some(letter) => redrive_all(&db, &registry, vec![letter], &worker).await,
+            Some(letter) => redrive_all(&db, &registry, &notify, vec![letter], &worker).await,
             None => {
                 eprintln!("error: no dead letter with id {id}");
                 Ok(ExitCode::from(2))
@@ -122,17 +124,17 @@ pub async fn run(args: DlqArgs) -> anyhow::Result<ExitCode> {
         },
         DlqCommand::Redrive { subscription: Some(scope), worker, .. } => {
             let letters = dead_letter::list(&db, Some(scope.as_str()), Some(dead_letter::DEAD)).await?;
-            redrive_all(&db, &registry, letters, &worker).await
+            redrive_all(&db, &registry, &notify, letters, &worker).await
         }
         DlqCommand::Redrive { .. } => unreachable!("clap requires an id or --subscription"),
-        DlqCommand::Discard { id } => discard(&db, &registry, id).await,
+        DlqCommand::Discard { id } => discard(&db, &registry, &notify, id).await,
     }
 }
 
 /// Exit 0 when discarded, 1 when releasing its parked records failed
 /// retryably (nothing changed), 2 for an unknown id or a letter that is not
 /// dead.
-async fn discard(db: &Db, registry: &Registry, id: i64) -> anyhow::Result<ExitCode> {
+async fn discard(db: &Db, registry: &Registry, notify: &NotifyHandler, id: i64) -> anyhow::Result<ExitCode> {
     let Some(letter) = dead_letter::get(db, id).await? else {
         eprintln!("error: no dead letter with id {id}");
         return Ok(ExitCode::from(2));
@@ -144,7 +146,7 @@ async fn discard(db: &Db, registry: &Registry, id: i64) -> anyhow::Result<ExitCo
         tx.commit().await?;
         if marked { Discarded::Discarded(Released::default()) } else { Discarded::NotDead }
     } else {
-        subscriptions::discard(db, registry, &letter).await?
+        subscriptions::discard(db, registry, notify, &letter).await?
     };
     match outcome {
         Discarded::Discarded(released) => {
@@ -227,7 +229,13 @@ fn to_json(l: &DeadLetter, parked: i64) -> serde_json::Value {
 /// Exit 0 when every letter ended applied (or already applied / not
 /// handled), 1 when one still fails, 2 when a worker's letter cannot be run
 /// for want of the workers' settings.
-async fn redrive_all(db: &Db, registry: &Registry, letters: Vec<DeadLetter>, args: &WorkerArgs) -> anyhow::Result<ExitCode> {
+async fn redrive_all(
+    db: &Db,
+    registry: &Registry,
+    notify: &NotifyHandler,
+    letters: Vec<DeadLetter>,
+    args: &WorkerArgs,
+) -> anyhow::Result<ExitCode> {
     let worker = if letters.iter().any(|l| l.subscription == worker::SUBSCRIPTION && l.status == dead_letter::DEAD) {
         let Some(location) = &args.artifacts else {
             eprintln!(
@@ -249,7 +257,7 @@ async fn redrive_all(db: &Db, registry: &Registry, letters: Vec<DeadLetter>, arg
             // Only a letter that is no longer dead reaches here without a worker.
             None if letter.subscription == worker::SUBSCRIPTION => (Redriven::NotDead, Released::default()),
             _ => {
-                let done = subscriptions::redrive(db, registry, letter).await?;
+                let done = subscriptions::redrive(db, registry, notify, letter).await?;
                 (done.redriven, done.released)
             }
         };

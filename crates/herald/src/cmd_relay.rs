@@ -39,6 +39,12 @@ pub struct RelayArgs {
     /// Topic of events appended without one that no --route matches.
     #[arg(long, env = "HERALD_DEFAULT_TOPIC", default_value = herald_kafka::TOPIC_EVENTS)]
     pub default_topic: String,
+    /// Absolute http(s) URL where consumers resolve Herald's schemas, e.g.
+    /// `https://herald.example/schemas/` (`herald serve`'s `GET
+    /// /schemas/{file}`): a record's `dataschema` is put under it instead
+    /// of `herald:schemas/`.
+    #[arg(long, env = "HERALD_DATASCHEMA_BASE")]
+    pub dataschema_base: Option<String>,
 }
 
 pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
@@ -54,6 +60,14 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         Ok(routes) => routes,
         Err(e) => {
             eprintln!("error: --route: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let dataschema_base = match args.dataschema_base.as_deref().map(schema_base) {
+        None => None,
+        Some(Ok(base)) => Some(base),
+        Some(Err(e)) => {
+            eprintln!("error: --dataschema-base: {e}");
             return Ok(ExitCode::from(2));
         }
     };
@@ -75,8 +89,15 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         .in_current_span(),
     );
     let faults = herald_fault::from_env()?;
-    let mut config = RelayConfig { batch_size: args.batch_size, max_attempts: args.max_attempts, faults, routes, ..RelayConfig::default() }
-        .with_lease(Duration::from_millis(args.lease_ms));
+    let mut config = RelayConfig {
+        batch_size: args.batch_size,
+        max_attempts: args.max_attempts,
+        faults,
+        routes,
+        dataschema_base,
+        ..RelayConfig::default()
+    }
+    .with_lease(Duration::from_millis(args.lease_ms));
     if let Some(owner) = args.owner {
         config.owner = owner;
     }
@@ -93,4 +114,26 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     );
     relay.run(shutdown).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `base` as the prefix of a `dataschema`: an absolute http(s) URL, with
+/// the `/` its files go after.
+fn schema_base(base: &str) -> Result<String, String> {
+    let url = url::Url::parse(base).map_err(|e| format!("`{base}` is not an absolute URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.query().is_some() || url.fragment().is_some() {
+        return Err(format!("`{base}` must be an http(s) URL without query or fragment"));
+    }
+    Ok(if base.ends_with('/') { base.to_owned() } else { format!("{base}/") })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_schema_base_is_an_http_url_ending_in_a_slash() {
+        assert_eq!(super::schema_base("https://h.example/schemas").unwrap(), "https://h.example/schemas/");
+        assert_eq!(super::schema_base("http://h:8080/schemas/").unwrap(), "http://h:8080/schemas/");
+        assert!(super::schema_base("schemas/").is_err());
+        assert!(super::schema_base("ftp://h/schemas/").is_err());
+        assert!(super::schema_base("https://h/schemas/?v=1").is_err());
+    }
 }

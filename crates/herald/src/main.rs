@@ -271,6 +271,7 @@ async fn serve(
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
     options.notify_start_at = notify_start_at;
     options.registry = backends.registry()?;
+    options.notify = backends.notify_handler()?;
     // One hook for every role this process runs; a bad spec is bad input.
     options.faults = herald_fault::from_env()?;
     if let (true, Some(notify)) = (roles.dispatcher, notify) {

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use herald_envelope::{EventData, ExportCompleted};
 use herald_kafka::{KafkaConfig, TopicSettings};
 use herald_store::Db;
 use herald_store::outbox::slice_of;
@@ -67,6 +68,23 @@ fn ids(report: &serde_json::Value, field: &str) -> Vec<String> {
     report[field].as_array().into_iter().flatten().filter_map(|v| v.as_str().map(str::to_owned)).collect()
 }
 
+/// `record` as a consumer receives it.
+fn as_message(record: &Record) -> rdkafka::message::OwnedMessage {
+    let mut headers = rdkafka::message::OwnedHeaders::new();
+    for (key, value) in &record.headers {
+        headers = headers.insert(rdkafka::message::Header { key, value: Some(value.as_bytes()) });
+    }
+    rdkafka::message::OwnedMessage::new(
+        Some(record.value.clone()),
+        Some(record.key.clone().into_bytes()),
+        "t".into(),
+        rdkafka::Timestamp::NotAvailable,
+        record.partition,
+        record.offset,
+        Some(headers),
+    )
+}
+
 fn header<'r>(record: &'r Record, name: &str) -> Option<&'r str> {
     record.headers.get(name).map(String::as_str)
 }
@@ -96,10 +114,35 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
     let bad = report["bad_data_error"].as_str().unwrap_or_default();
     assert!(bad.contains("data is not JSON"), "{report}");
 
+    // Avro through the contract: Herald's own schema, named by file.
+    let archived = ExportCompleted {
+        job_id: format!("{run}-job"),
+        caller: "shop".into(),
+        format: "csv".into(),
+        query: "orders of the day".into(),
+        result_id: "r".into(),
+        size_bytes: 1,
+        sha256: "00".repeat(32),
+        completed_at_ms: 1,
+        version: 1,
+        content_type: "text/csv".into(),
+    };
+    sqlx::query(
+        "SELECT 1 AS appended FROM herald.append_event(source => '/shop/orders', id => $1, type => 'shop.order.archived', \
+         subject => $2, partition_key => $2, data => $3, content_type => 'application/avro', dataschema => $4)",
+    )
+    .bind(format!("{run}-archived"))
+    .bind(format!("{run}-order-0"))
+    .bind(archived.to_avro()?)
+    .bind(ExportCompleted::SCHEMA_FILE)
+    .fetch_one(db.pool())
+    .await?;
+
     let _relay = Relay(
         Command::new(env!("CARGO_BIN_EXE_herald"))
             .args(["relay", "--database", &test_db.url, "--kafka", &brokers, "--owner", "contract"])
             .args(["--route", &format!("shop.order.*={orders}"), "--default-topic", &other])
+            .args(["--dataschema-base", "https://herald.example/schemas"])
             .env("HERALD_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -108,13 +151,21 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
     let delivered = || async {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM outbox WHERE source = '/shop/orders'").fetch_one(db.pool()).await?;
         let total: i64 = row.try_get("n")?;
-        Ok(total == 7 && herald_store::outbox::count_by_status(&db, herald_store::outbox::DELIVERED).await? == 7)
+        Ok(total == 8 && herald_store::outbox::count_by_status(&db, herald_store::outbox::DELIVERED).await? == 8)
     };
-    wait_until("the relay to deliver the 7 committed events", Duration::from_secs(90), delivered).await?;
+    wait_until("the relay to deliver the 8 committed events", Duration::from_secs(90), delivered).await?;
 
     let on_orders = read_all(&brokers, &orders, PARTITIONS)?;
     let on_other = read_all(&brokers, &other, PARTITIONS)?;
+    let (avro, on_orders): (Vec<Record>, Vec<Record>) =
+        on_orders.into_iter().partition(|r| header(r, "ce_type") == Some("shop.order.archived"));
     assert_eq!(on_orders.len(), 6, "{on_orders:?}");
+    let [avro] = &avro[..] else { panic!("one Avro event: {avro:?}") };
+    assert_eq!(header(avro, "content-type"), Some("application/avro"));
+    assert_eq!(header(avro, "ce_dataschema"), Some(format!("https://herald.example/schemas/{}", ExportCompleted::SCHEMA_FILE).as_str()));
+    let registry = herald_envelope::Registry::embedded().accepting(herald_envelope::Sources::new(["/shop/orders".to_owned()])?);
+    let decoded = herald_envelope::decode_any_with(&as_message(avro), &registry)?;
+    assert_eq!(decoded.data_as::<ExportCompleted>()?, archived, "a consumer resolves the URL's file and reads the data");
     assert_eq!(on_other.iter().map(|r| r.ce_id.as_str()).collect::<Vec<_>>(), [format!("{run}-signup")]);
     let published: Vec<&str> = on_orders.iter().chain(&on_other).map(|r| r.ce_id.as_str()).collect();
     assert!(!published.contains(&report["rolled_back"].as_str().unwrap_or("?")), "a rolled-back event was published");

@@ -72,11 +72,14 @@ fn transitive_checks_every_predecessor_and_plain_only_the_last() {
 #[test]
 fn herald_rules_version_field_gaps_and_unknown_subjects() {
     let no_version = with_fields(r#"{"name":"id","type":"string"}"#);
-    let v = check(&files(&[("e.v1.avsc", &no_version), ("e.v3.avsc", V1)]), "[subjects]\nghost = \"full\"").unwrap().violations;
+    let set = files(&[("e.v1.avsc", &no_version), ("e.v3.avsc", V1)]);
+    let v = check(&set, "versioned = [\"e*\"]\n[subjects]\nghost = \"full\"").unwrap().violations;
     let all = v.join("\n");
     assert!(all.contains("compatibility.toml names subject ghost"), "{all}");
     assert!(all.contains("e: v2 is missing"), "{all}");
     assert!(all.contains("e v1: has no field `version`"), "{all}");
+    let unversioned = check(&set, "").unwrap().violations.join("\n");
+    assert!(!unversioned.contains("has no field `version`"), "only subjects declared versioned need it: {unversioned}");
 }
 
 #[test]
