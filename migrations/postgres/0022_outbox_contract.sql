@@ -34,6 +34,7 @@ END
 $$;
 
 -- Appends one event in the caller's transaction and returns its sequence.
+-- Herald's own export domain appends through it too (no private path).
 -- Refuses (SQLSTATE 22023, or 23505 for a duplicate) anything the relay
 -- could not publish as a CloudEvent, so nothing half-valid is committed.
 CREATE FUNCTION herald.append_event(
@@ -47,7 +48,9 @@ CREATE FUNCTION herald.append_event(
     dataschema TEXT DEFAULT NULL,
     extensions JSONB DEFAULT NULL,
     topic TEXT DEFAULT '',
-    "time" TIMESTAMPTZ DEFAULT NULL
+    "time" TIMESTAMPTZ DEFAULT NULL,
+    traceparent TEXT DEFAULT NULL,
+    tracestate TEXT DEFAULT NULL
 ) RETURNS BIGINT
 LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
@@ -92,11 +95,14 @@ BEGIN
     IF EXISTS (SELECT 1 FROM outbox o WHERE o.source = append_event.source AND o.event_id = append_event.id) THEN
         RAISE EXCEPTION 'herald.append_event: event (source %, id %) is already in the outbox', source, id USING ERRCODE = '23505';
     END IF;
+    IF traceparent IS NOT NULL AND traceparent !~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$' THEN
+        RAISE EXCEPTION 'herald.append_event: traceparent is not a W3C traceparent' USING ERRCODE = '22023';
+    END IF;
     INSERT INTO outbox (event_id, source, event_type, subject, event_time_ms, schema_file, data, topic, partition_key,
-                        status, created_at_ms, slice, content_type, extensions)
+                        status, created_at_ms, slice, content_type, extensions, traceparent, tracestate)
     VALUES (id, source, type, COALESCE(subject, ''), at_ms, COALESCE(dataschema, ''), data, COALESCE(topic, ''),
             partition_key, 'pending', (extract(epoch FROM clock_timestamp()) * 1000)::BIGINT,
-            herald.slice_of(partition_key), content_type, extensions::TEXT)
+            herald.slice_of(partition_key), content_type, extensions::TEXT, traceparent, tracestate)
     RETURNING seq INTO written;
     RETURN written;
 END

@@ -34,7 +34,7 @@ pub(crate) async fn list_schemas(State(registry): State<Registry>) -> Json<Vec<S
 #[utoipa::path(get, path = "/schemas/{file}", tag = "operations",
     params(("file" = String, Path, description = "`<subject>.v<N>.avsc`, the last segment of a record's `dataschema`")),
     responses(
-        (status = 200, description = "The Avro schema", body = serde_json::Value, content_type = "application/json"),
+        (status = 200, description = "The Avro schema: its JSON text as written", body = String, content_type = "application/json"),
         (status = 404, description = "No schema of that name", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(crate) async fn get_schema(State(registry): State<Registry>, Path(file): Path<String>) -> Response {

@@ -70,6 +70,8 @@ async fn the_document_names_every_route_as_openapi_3() -> anyhow::Result<()> {
             "/metrics",
             "/openapi.json",
             "/readyz",
+            "/schemas",
+            "/schemas/{file}",
             "/status",
             "/status.json",
             "/v1/exports",

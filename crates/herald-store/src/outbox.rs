@@ -108,9 +108,37 @@ pub async fn append(tx: &mut Tx<'_>, event: &OutboxEvent) -> Result<i64, StoreEr
     let span = tracing::info_span!("outbox.append", event_id = %event.id, event_type = %event.event_type, topic = %event.topic);
     let own = event.trace.is_none().then(|| herald_trace::context_of(&span)).flatten();
     let trace = event.trace.as_ref().or(own.as_ref());
-    let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq", placeholders(1, INSERT_COLUMN_COUNT));
-    let row = bind_row(sqlx::query(&sql), event, trace, now_ms()).fetch_one(&mut **tx).instrument(span).await?;
+    let row = if tx.backend_name() == "PostgreSQL" {
+        contract_call(event, trace).fetch_one(&mut **tx).instrument(span).await?
+    } else {
+        let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES ({}) RETURNING seq", placeholders(1, INSERT_COLUMN_COUNT));
+        bind_row(sqlx::query(&sql), event, trace, now_ms()).fetch_one(&mut **tx).instrument(span).await?
+    };
     Ok(row.try_get("seq")?)
+}
+
+/// The outbox contract's `herald.append_event` with `event`'s attributes:
+/// Herald's own events go in the way any application's do on PostgreSQL
+/// (docs/outbox-contract.md), naming their topic.
+fn contract_call<'q>(event: &'q OutboxEvent, trace: Option<&'q TraceContext>) -> AnyQuery<'q> {
+    sqlx::query(
+        "SELECT herald.append_event(source => $1, id => $2, type => $3, subject => $4, partition_key => $5, data => $6, \
+         content_type => $7, dataschema => NULLIF($8, ''), extensions => CAST($9 AS JSONB), topic => $10, \
+         \"time\" => to_timestamp(CAST($11 AS DOUBLE PRECISION) / 1000), traceparent => $12, tracestate => $13) AS seq",
+    )
+    .bind(&event.source)
+    .bind(&event.id)
+    .bind(&event.event_type)
+    .bind(&event.subject)
+    .bind(&event.partition_key)
+    .bind(&event.data)
+    .bind(&event.content_type)
+    .bind(&event.schema_file)
+    .bind(extensions_json(&event.extensions))
+    .bind(&event.topic)
+    .bind(event.time.timestamp_millis())
+    .bind(trace.map(|t| t.traceparent.as_str()))
+    .bind(trace.and_then(|t| t.tracestate.as_deref()))
 }
 
 /// Columns [`row_to_outbox`] reads.

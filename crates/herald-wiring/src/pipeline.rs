@@ -85,6 +85,8 @@ pub struct RoleOptions {
     pub registry: Registry,
     /// The notify subscription's handler (its `--notify-rules`).
     pub notify: herald_notify::intents::NotifyHandler,
+    /// The relay role's routes and `dataschema` base.
+    pub routing: crate::topic_args::RouteArgs,
     /// What callers may ask of the API at once.
     pub api_limits: herald_api::limits::Limits,
     /// Where `/metrics`, `/status` and `/status.json` are served.
@@ -123,6 +125,7 @@ impl Default for RoleOptions {
             notify_start_at: None,
             registry: Registry::embedded(),
             notify: herald_notify::intents::NotifyHandler::default(),
+            routing: crate::topic_args::RouteArgs::default(),
             api_limits: herald_api::limits::Limits::default(),
             observe: Observe::OnApi(Access::Open),
             status_interval: Duration::from_secs(1),
@@ -248,7 +251,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             &wiring.kafka,
             RelayConfig {
                 faults: options.faults.clone(),
-                routes: herald_relay::Routes::to(&wiring.topics.events),
+                routes: options.routing.routes(&wiring.topics.events)?,
+                dataschema_base: options.routing.dataschema_base()?,
                 ..RelayConfig::default()
             },
         )?;

@@ -29,3 +29,70 @@ impl TopicArgs {
         }
     }
 }
+
+/// Where the relay sends rows appended without a topic (the outbox
+/// contract), and where consumers resolve Herald's schemas: one set of
+/// flags for `herald relay` and `herald serve`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct RouteArgs {
+    /// Topic of events appended without one, by event type: `TYPE=TOPIC` or
+    /// `PREFIX*=TOPIC` (repeatable; comma-separated in the variable). An
+    /// exact rule wins, then the longest prefix, then --default-topic.
+    #[arg(long = "route", env = "HERALD_ROUTES", value_delimiter = ',')]
+    pub routes: Vec<String>,
+    /// Topic of events appended without one that no --route matches;
+    /// default: Herald's events topic.
+    #[arg(long, env = "HERALD_DEFAULT_TOPIC")]
+    pub default_topic: Option<String>,
+    /// Absolute http(s) URL where consumers resolve Herald's schemas, e.g.
+    /// `https://herald.example/schemas/` (`herald serve`'s `GET
+    /// /schemas/{file}`): a record's `dataschema` is put under it instead
+    /// of `herald:schemas/`.
+    #[arg(long, env = "HERALD_DATASCHEMA_BASE")]
+    pub dataschema_base: Option<String>,
+}
+
+impl RouteArgs {
+    /// The routing table, unmatched rows going to `--default-topic` or else
+    /// to `events_topic`.
+    pub fn routes(&self, events_topic: &str) -> Result<herald_relay::Routes, crate::connection::BadConnection> {
+        let default = self.default_topic.as_deref().unwrap_or(events_topic);
+        herald_relay::Routes::parse(&self.routes, default).map_err(|e| crate::connection::BadConnection(format!("--route: {e}")))
+    }
+
+    /// `--dataschema-base` as the prefix of a `dataschema`: an absolute
+    /// http(s) URL, with the `/` its files go after.
+    pub fn dataschema_base(&self) -> Result<Option<String>, crate::connection::BadConnection> {
+        let Some(base) = self.dataschema_base.as_deref() else { return Ok(None) };
+        let bad = |reason: String| crate::connection::BadConnection(format!("--dataschema-base: {reason}"));
+        let url = url::Url::parse(base).map_err(|e| bad(format!("`{base}` is not an absolute URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") || url.query().is_some() || url.fragment().is_some() {
+            return Err(bad(format!("`{base}` must be an http(s) URL without query or fragment")));
+        }
+        Ok(Some(if base.ends_with('/') { base.to_owned() } else { format!("{base}/") }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RouteArgs;
+
+    #[test]
+    fn a_schema_base_is_an_http_url_ending_in_a_slash() {
+        let base = |b: &str| RouteArgs { dataschema_base: Some(b.to_owned()), ..RouteArgs::default() }.dataschema_base();
+        assert_eq!(base("https://h.example/schemas").unwrap().as_deref(), Some("https://h.example/schemas/"));
+        assert_eq!(base("http://h:8080/schemas/").unwrap().as_deref(), Some("http://h:8080/schemas/"));
+        assert!(base("schemas/").is_err());
+        assert!(base("ftp://h/schemas/").is_err());
+        assert!(base("https://h/schemas/?v=1").is_err());
+    }
+
+    #[test]
+    fn unmatched_rows_go_to_the_default_topic_or_the_events_topic() {
+        let args = RouteArgs { routes: vec!["a.*=t-a".into()], ..RouteArgs::default() };
+        assert_eq!(args.routes("p.export.events").unwrap().topic_for("b", ""), "p.export.events");
+        let args = RouteArgs { default_topic: Some("other".into()), ..args };
+        assert_eq!(args.routes("p.export.events").unwrap().topic_for("b", ""), "other");
+        assert!(RouteArgs { routes: vec!["nonsense".into()], ..RouteArgs::default() }.routes("e").is_err());
+    }
+}

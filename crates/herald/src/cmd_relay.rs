@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use herald_kafka::Topics;
-use herald_relay::{Relay, RelayConfig, Routes};
+use herald_relay::{Relay, RelayConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
@@ -31,20 +31,8 @@ pub struct RelayArgs {
     /// Name in claims; default host and process id.
     #[arg(long, env = "HERALD_RELAY_OWNER")]
     pub owner: Option<String>,
-    /// Topic of events appended without one, by event type: `TYPE=TOPIC` or
-    /// `PREFIX*=TOPIC` (repeatable; comma-separated in the variable). An
-    /// exact rule wins, then the longest prefix, then --default-topic.
-    #[arg(long = "route", env = "HERALD_ROUTES", value_delimiter = ',')]
-    pub routes: Vec<String>,
-    /// Topic of events appended without one that no --route matches.
-    #[arg(long, env = "HERALD_DEFAULT_TOPIC", default_value = herald_kafka::TOPIC_EVENTS)]
-    pub default_topic: String,
-    /// Absolute http(s) URL where consumers resolve Herald's schemas, e.g.
-    /// `https://herald.example/schemas/` (`herald serve`'s `GET
-    /// /schemas/{file}`): a record's `dataschema` is put under it instead
-    /// of `herald:schemas/`.
-    #[arg(long, env = "HERALD_DATASCHEMA_BASE")]
-    pub dataschema_base: Option<String>,
+    #[command(flatten)]
+    pub routing: crate::topic_args::RouteArgs,
 }
 
 pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
@@ -56,21 +44,9 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
-    let routes = match Routes::parse(&args.routes, &args.default_topic) {
-        Ok(routes) => routes,
-        Err(e) => {
-            eprintln!("error: --route: {e}");
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let dataschema_base = match args.dataschema_base.as_deref().map(schema_base) {
-        None => None,
-        Some(Ok(base)) => Some(base),
-        Some(Err(e)) => {
-            eprintln!("error: --dataschema-base: {e}");
-            return Ok(ExitCode::from(2));
-        }
-    };
+    // Bad routing is bad input: exit 2 before anything starts.
+    let routes = args.routing.routes(herald_kafka::TOPIC_EVENTS)?;
+    let dataschema_base = args.routing.dataschema_base()?;
     let db = crate::connection::open_database(database, crate::connection::Schema::Check).await?;
     let kafka = args.kafka.connect_to(brokers).await?;
     // In the background and not fatal: rows for a missing topic are retried
@@ -114,26 +90,4 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     );
     relay.run(shutdown).await;
     Ok(ExitCode::SUCCESS)
-}
-
-/// `base` as the prefix of a `dataschema`: an absolute http(s) URL, with
-/// the `/` its files go after.
-fn schema_base(base: &str) -> Result<String, String> {
-    let url = url::Url::parse(base).map_err(|e| format!("`{base}` is not an absolute URL: {e}"))?;
-    if !matches!(url.scheme(), "http" | "https") || url.query().is_some() || url.fragment().is_some() {
-        return Err(format!("`{base}` must be an http(s) URL without query or fragment"));
-    }
-    Ok(if base.ends_with('/') { base.to_owned() } else { format!("{base}/") })
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_schema_base_is_an_http_url_ending_in_a_slash() {
-        assert_eq!(super::schema_base("https://h.example/schemas").unwrap(), "https://h.example/schemas/");
-        assert_eq!(super::schema_base("http://h:8080/schemas/").unwrap(), "http://h:8080/schemas/");
-        assert!(super::schema_base("schemas/").is_err());
-        assert!(super::schema_base("ftp://h/schemas/").is_err());
-        assert!(super::schema_base("https://h/schemas/?v=1").is_err());
-    }
 }

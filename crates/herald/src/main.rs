@@ -63,6 +63,8 @@ enum Command {
         notify_start_at: Option<StartAt>,
         #[command(flatten)]
         prune: cmd_prune::ServePrune,
+        #[command(flatten)]
+        routing: Box<herald::topic_args::RouteArgs>,
     },
     /// Run the HTTP API alone (intake, job reads, search).
     Api {
@@ -211,8 +213,12 @@ fn parse_cli(argv: Vec<OsString>) -> Result<(Cli, Option<ConfigFile>, String), E
 async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitCode> {
     match command {
         Command::Demo(args) => demo::run(args).await,
-        Command::Serve { backends, listen, lifecycle, notify, notify_start_at, prune } => {
-            serve(backends, Roles::all(&listen), Some(&lifecycle), Some(&notify), notify_start_at, Some(&prune)).await
+        Command::Serve { backends, listen, lifecycle, notify, notify_start_at, prune, routing } => {
+            // Bad routing is bad input: refused before anything starts.
+            routing.routes(herald_kafka::TOPIC_EVENTS)?;
+            routing.dataschema_base()?;
+            let lifecycle = Some(&lifecycle);
+            serve_with(backends, Roles::all(&listen), lifecycle, Some(&notify), notify_start_at, Some(&prune), *routing).await
         }
         Command::Api { backends, listen, lifecycle } => {
             let roles = Roles { api: Some(listen), relay: false, worker: false, subscriptions: false, dispatcher: false };
@@ -268,7 +274,21 @@ async fn serve(
     notify_start_at: Option<StartAt>,
     prune: Option<&cmd_prune::ServePrune>,
 ) -> anyhow::Result<ExitCode> {
+    serve_with(backends, roles, lifecycle, notify, notify_start_at, prune, herald::topic_args::RouteArgs::default()).await
+}
+
+/// [`serve`] with the relay role's routing (`herald serve` runs it).
+async fn serve_with(
+    backends: Backends,
+    roles: Roles,
+    lifecycle: Option<&LifecycleArgs>,
+    notify: Option<&NotifyArgs>,
+    notify_start_at: Option<StartAt>,
+    prune: Option<&cmd_prune::ServePrune>,
+    routing: herald::topic_args::RouteArgs,
+) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
+    options.routing = routing;
     options.notify_start_at = notify_start_at;
     options.registry = backends.registry()?;
     options.notify = backends.notify_handler()?;
@@ -278,6 +298,12 @@ async fn serve(
         notify.validate()?;
     }
     let env = backends.resolve().await?;
+    if roles.relay && backends.kafka.brokers.is_some() {
+        // The topics the relay's routes name, laid out as Herald's own.
+        let routed = options.routing.routes(&env.wiring.topics.events)?.topics();
+        let routed: Vec<&str> = routed.iter().map(String::as_str).collect();
+        herald_kafka::ensure_topics(&env.wiring.kafka, &routed, backends.topic.settings()).await?;
+    }
     if let Some(prune) = prune {
         match prune.schedule(&env.wiring).await {
             Ok(schedule) => options.prune = schedule,

@@ -105,6 +105,20 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
         assert_eq!(row.try_get::<i32, _>("s")?, slice, "herald.slice_of({key:?})");
     }
 
+    // The document's own example, as printed, in a transaction rolled back
+    // after a look at what it wrote.
+    let example = documented_block("SELECT herald.append_event(")?;
+    let mut tx = db.begin().await?;
+    sqlx::raw_sql(&example).execute(&mut *tx).await?;
+    let row = sqlx::query("SELECT slice, content_type, extensions, topic FROM outbox WHERE event_id = 'order-1001-placed'")
+        .fetch_one(&mut *tx)
+        .await?;
+    assert_eq!(row.try_get::<i32, _>("slice")?, slice_of("order-1001"));
+    assert_eq!(row.try_get::<String, _>("content_type")?, "application/json");
+    assert_eq!(row.try_get::<String, _>("extensions")?, r#"{"tenant": "acme"}"#);
+    assert_eq!(row.try_get::<String, _>("topic")?, "", "routed by the relay");
+    tx.rollback().await?;
+
     let run = unique("py");
     let report = python(&test_db.url, &run)?;
     let committed = ids(&report, "committed");
@@ -194,67 +208,52 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
     Ok(())
 }
 
-/// The documented SQLite `INSERT`, as docs/outbox-contract.md prints it.
-fn documented_sqlite_insert() -> anyhow::Result<String> {
+/// The `sql` block of docs/outbox-contract.md that contains `marker`.
+fn documented_block(marker: &str) -> anyhow::Result<String> {
     let doc = std::fs::read_to_string(repo_root().join("docs/outbox-contract.md"))?;
     let block = doc
         .split("```sql")
         .skip(1)
         .filter_map(|rest| rest.split("```").next())
-        .find(|block| block.contains("INSERT INTO outbox"))
-        .ok_or_else(|| anyhow::anyhow!("docs/outbox-contract.md has no INSERT INTO outbox block"))?;
+        .find(|block| block.contains(marker))
+        .ok_or_else(|| anyhow::anyhow!("docs/outbox-contract.md has no sql block with {marker}"))?;
     Ok(block.trim().to_owned())
 }
 
+/// The documented SQLite `INSERT`, as docs/outbox-contract.md prints it.
+fn documented_sqlite_insert() -> anyhow::Result<String> {
+    documented_block("INSERT INTO outbox")
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn the_documented_sqlite_insert_is_published_with_the_callers_attributes_sqlite() -> anyhow::Result<()> {
+async fn a_python_service_appends_with_the_documented_sqlite_insert_sqlite() -> anyhow::Result<()> {
     let test_db = herald_testkit::sqlite_db()?;
     let db = Db::connect_and_migrate(&test_db.url).await?;
     let brokers = herald_testkit::real_broker()?;
     let topic = unique("contract-sqlite");
     herald_kafka::ensure_topics(&KafkaConfig::new(&brokers), &[topic.as_str()], TopicSettings::partitions(PARTITIONS)).await?;
-    let insert = documented_sqlite_insert()?;
+
+    // The application: Python's sqlite3, the INSERT as the document prints
+    // it, the slice by the document's rule.
     let run = unique("sq");
-    let now = herald_store::now_ms();
-    let key = format!("{run}-order-1");
-    // The application's transaction: its own row would go here too.
-    let mut tx = db.begin().await?;
-    for (n, event_type) in ["shop.order.placed", "shop.order.paid"].iter().enumerate() {
-        // ?1 … ?12, in the order the document lists them.
-        sqlx::query(&insert)
-            .bind(format!("{run}-{n}"))
-            .bind("/shop/orders")
-            .bind(*event_type)
-            .bind(&key)
-            .bind(now)
-            .bind(None::<String>)
-            .bind(format!(r#"{{"order_id":"{key}","n":{n}}}"#).into_bytes())
-            .bind(&key)
-            .bind(now)
-            .bind(slice_of(&key))
-            .bind("application/json")
-            .bind(r#"{"tenant":"acme"}"#)
-            .execute(&mut *tx)
-            .await?;
+    let file = test_db.url.trim_start_matches("sqlite://").trim_end_matches("?mode=rwc").to_owned();
+    let mut child = Command::new("python3")
+        .arg(repo_root().join("tests/contract/append_events_sqlite.py"))
+        .args([&file, &run])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(&mut child.stdin.take().expect("piped"), documented_sqlite_insert()?.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(out.status.success(), "append_events_sqlite.py failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(ids(&report, "committed").len(), 2, "{report}");
+    assert!(report["duplicate_error"].as_str().unwrap_or_default().contains("UNIQUE"), "{report}");
+    // The slice Python computed is the relay's.
+    for row in sqlx::query("SELECT partition_key, slice FROM outbox").fetch_all(db.pool()).await? {
+        assert_eq!(row.try_get::<i32, _>("slice")?, slice_of(&row.try_get::<String, _>("partition_key")?));
     }
-    tx.commit().await?;
-    let duplicate = sqlx::query(&insert)
-        .bind(format!("{run}-0"))
-        .bind("/shop/orders")
-        .bind("shop.order.placed")
-        .bind(&key)
-        .bind(now)
-        .bind(None::<String>)
-        .bind(b"{}".to_vec())
-        .bind(&key)
-        .bind(now)
-        .bind(slice_of(&key))
-        .bind("application/json")
-        .bind(None::<String>)
-        .execute(db.pool())
-        .await
-        .expect_err("a second (source, id) is refused");
-    assert!(duplicate.to_string().contains("UNIQUE"), "{duplicate}");
 
     let _relay = Relay(
         Command::new(env!("CARGO_BIN_EXE_herald"))
@@ -268,9 +267,11 @@ async fn the_documented_sqlite_insert_is_published_with_the_callers_attributes_s
     wait_until("the relay to deliver both events", Duration::from_secs(90), delivered).await?;
     let records = read_all(&brokers, &topic, PARTITIONS)?;
     let types: Vec<&str> = records.iter().map(|r| header(r, "ce_type").unwrap_or_default()).collect();
-    assert_eq!(types, ["shop.order.placed", "shop.order.paid"], "{records:?}");
+    assert_eq!(types, ["shop.order.placed", "shop.order.paid"], "in commit order, the rolled-back one absent: {records:?}");
+    let key = format!("{run}-order-1");
     for record in &records {
         assert_eq!((record.key.as_str(), header(record, "ce_subject")), (key.as_str(), Some(key.as_str())));
+        assert_eq!(header(record, "ce_source"), Some("/shop/orders"));
         assert_eq!(header(record, "ce_tenant"), Some("acme"));
         assert_eq!(header(record, "content-type"), Some("application/json"));
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&record.value)?["order_id"], key.as_str());
