@@ -18,6 +18,8 @@ use apache_avro::schema_compatibility::SchemaCompatibility;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::pattern::NamePattern;
+
 /// Name of the file under `schemas/` declaring each subject's mode.
 pub const COMPATIBILITY_FILE: &str = "compatibility.toml";
 
@@ -86,7 +88,11 @@ pub struct Compatibility {
 
 impl Compatibility {
     pub fn parse(text: &str) -> Result<Compatibility, CheckInputError> {
-        toml::from_str(text).map_err(|e| CheckInputError::Compatibility(e.to_string()))
+        let rules: Compatibility = toml::from_str(text).map_err(|e| CheckInputError::Compatibility(e.to_string()))?;
+        for pattern in &rules.versioned {
+            NamePattern::parse(pattern).map_err(|reason| CheckInputError::Compatibility(format!("versioned: {reason}")))?;
+        }
+        Ok(rules)
     }
 
     pub fn mode_of(&self, subject: &str) -> Mode {
@@ -94,7 +100,7 @@ impl Compatibility {
     }
 
     pub fn is_versioned(&self, subject: &str) -> bool {
-        self.versioned.iter().any(|p| p.strip_suffix('*').map_or(p == subject, |prefix| subject.starts_with(prefix)))
+        self.versioned.iter().any(|p| NamePattern::parse(p).is_ok_and(|p| p.matches(subject)))
     }
 }
 

@@ -20,6 +20,7 @@ pub mod data;
 pub mod decode;
 pub mod event;
 pub mod legacy;
+pub mod pattern;
 pub mod schema;
 pub mod trace;
 pub mod trust;

@@ -10,17 +10,18 @@
 
 use std::sync::Arc;
 
+use crate::pattern::NamePattern;
 use crate::{EnvelopeError, SOURCE_EXPORTS};
 
 /// Sources accepted: exact values, or prefixes written with a final `*`
 /// (`/billing/*`). Cheap to clone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sources(Arc<Vec<String>>);
+pub struct Sources(Arc<(Vec<String>, Vec<NamePattern>)>);
 
 impl Sources {
     /// Herald's own: the export service's `/herald/exports`.
     pub fn herald() -> Sources {
-        Sources(Arc::new(vec![SOURCE_EXPORTS.to_owned()]))
+        Sources::new([SOURCE_EXPORTS.to_owned()]).expect("Herald's own source is a valid pattern")
     }
 
     /// `patterns` (each an exact source or a prefix ending in `*`); an empty
@@ -31,20 +32,15 @@ impl Sources {
         if patterns.is_empty() {
             return Err(bad("no source accepted: name at least one".into()));
         }
-        for pattern in &patterns {
-            let stem = pattern.strip_suffix('*').unwrap_or(pattern);
-            if stem.is_empty() || stem.contains('*') {
-                return Err(bad(format!("`{pattern}` is neither a source nor a prefix ending in `*`")));
-            }
-        }
-        Ok(Sources(Arc::new(patterns)))
+        let parsed = patterns
+            .iter()
+            .map(|p| NamePattern::parse(p).map_err(|_| bad(format!("`{p}` is neither a source nor a prefix ending in `*`"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Sources(Arc::new((patterns, parsed))))
     }
 
     pub fn accepts(&self, source: &str) -> bool {
-        self.0.iter().any(|pattern| match pattern.strip_suffix('*') {
-            Some(prefix) => source.starts_with(prefix),
-            None => source == pattern,
-        })
+        self.0.1.iter().any(|pattern| pattern.matches(source))
     }
 
     /// `Err(UntrustedSource)` unless `source` is accepted.
@@ -53,7 +49,7 @@ impl Sources {
     }
 
     pub fn patterns(&self) -> &[String] {
-        &self.0
+        &self.0.0
     }
 }
 

@@ -28,6 +28,7 @@
 
 use std::collections::BTreeMap;
 
+use herald_envelope::pattern::{NamePattern, PatternMap};
 use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
@@ -71,8 +72,6 @@ struct Template(Vec<Part>);
 
 #[derive(Debug, Clone, PartialEq)]
 struct Rule {
-    event_type: String,
-    prefix: bool,
     kind: String,
     recipient: Template,
     reference: Template,
@@ -82,7 +81,7 @@ struct Rule {
 /// The rules of one process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NotifyRules {
-    rules: Vec<Rule>,
+    by_type: PatternMap<Rule>,
 }
 
 #[derive(Deserialize)]
@@ -125,46 +124,34 @@ impl NotifyRules {
 
     pub fn parse(text: &str) -> Result<NotifyRules, RulesError> {
         let file: File = toml::from_str(text).map_err(|e| RulesError::Syntax(e.to_string()))?;
-        let mut rules = Vec::with_capacity(file.notify.len());
+        let mut by_type = PatternMap::default();
         for (i, r) in file.notify.into_iter().enumerate() {
             let bad = |reason: String| RulesError::Rule { rule: i + 1, reason };
-            let (event_type, prefix) = match r.event_type.strip_suffix('*') {
-                Some(p) => (p.to_owned(), true),
-                None => (r.event_type.clone(), false),
-            };
-            if event_type.is_empty() || r.kind.is_empty() {
-                return Err(bad("`type` and `kind` must not be empty".to_owned()));
+            let pattern = NamePattern::parse(&r.event_type).map_err(|reason| bad(format!("`type`: {reason}")))?;
+            if r.kind.is_empty() {
+                return Err(bad("`kind` must not be empty".to_owned()));
             }
             let body = r.body.iter().map(|(k, v)| Ok((k.clone(), template(v).map_err(&bad)?))).collect::<Result<_, RulesError>>()?;
-            rules.push(Rule {
-                event_type,
-                prefix,
+            let rule = Rule {
                 kind: r.kind,
                 recipient: template(&r.recipient).map_err(&bad)?,
                 reference: template(r.reference.as_deref().unwrap_or("{subject}")).map_err(&bad)?,
                 body,
-            });
+            };
+            by_type.insert(pattern, rule).map_err(|_| bad(format!("`type` {} has a rule already", r.event_type)))?;
         }
-        Ok(NotifyRules { rules })
+        Ok(NotifyRules { by_type })
     }
 
     /// Whether any rule takes `event_type`.
     pub fn handles(&self, event_type: &str) -> bool {
-        self.rule_for(event_type).is_some()
-    }
-
-    /// The exact rule for `event_type`, else the longest matching prefix.
-    fn rule_for(&self, event_type: &str) -> Option<&Rule> {
-        self.rules
-            .iter()
-            .find(|r| !r.prefix && r.event_type == event_type)
-            .or_else(|| self.rules.iter().filter(|r| r.prefix && event_type.starts_with(&r.event_type)).max_by_key(|r| r.event_type.len()))
+        self.by_type.get(event_type).is_some()
     }
 
     /// The intent `view` (see [`view`]) of an event of `event_type` creates;
     /// `None` when no rule takes it.
     pub fn render(&self, event_type: &str, view: &Value) -> Result<Option<Rendered>, RenderError> {
-        let Some(rule) = self.rule_for(event_type) else { return Ok(None) };
+        let Some(rule) = self.by_type.get(event_type) else { return Ok(None) };
         let bad = |reason: String| RenderError { event_type: event_type.to_owned(), reason };
         let recipient = rule.recipient.text(view).map_err(bad)?;
         if recipient.is_empty() {

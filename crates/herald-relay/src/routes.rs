@@ -4,8 +4,7 @@
 //! an exact rule first, then the longest matching prefix rule (`orders.*`),
 //! then the default topic. Pure: the relay asks, nothing here does IO.
 
-use std::collections::BTreeMap;
-
+use herald_envelope::pattern::{NamePattern, PatternMap};
 use thiserror::Error;
 
 /// A routing rule that cannot be used: fix the configuration (exit 2).
@@ -15,23 +14,21 @@ pub enum RouteError {
     Shape(String),
     #[error("route `{rule}`: `{topic}` is not a Kafka topic name (1-249 of a-z A-Z 0-9 . _ -)")]
     Topic { rule: String, topic: String },
-    #[error("route `{0}`: event type `{1}` already has a route")]
-    Twice(String, String),
+    #[error("route `{0}`: its event type (or prefix) already has a route")]
+    Twice(String),
 }
 
 /// The routing table of one relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Routes {
-    exact: BTreeMap<String, String>,
-    /// Longest prefix first, so the most specific rule wins.
-    prefixes: Vec<(String, String)>,
+    by_type: PatternMap<String>,
     default: String,
 }
 
 impl Routes {
     /// No rules: every unnamed row goes to `default`.
     pub fn to(default: &str) -> Routes {
-        Routes { exact: BTreeMap::new(), prefixes: Vec::new(), default: default.to_owned() }
+        Routes { by_type: PatternMap::default(), default: default.to_owned() }
     }
 
     /// Rules as `--route` gives them (`type=topic`, `prefix*=topic`).
@@ -42,26 +39,13 @@ impl Routes {
         }
         for rule in rules {
             let (pattern, topic) = rule.split_once('=').ok_or_else(|| RouteError::Shape(rule.clone()))?;
-            let (pattern, topic) = (pattern.trim(), topic.trim());
-            if pattern.is_empty() || pattern == "*" {
-                return Err(RouteError::Shape(rule.clone()));
-            }
+            let pattern = NamePattern::parse(pattern).map_err(|_| RouteError::Shape(rule.clone()))?;
+            let topic = topic.trim();
             if !is_topic_name(topic) {
                 return Err(RouteError::Topic { rule: rule.clone(), topic: topic.to_owned() });
             }
-            let fresh = match pattern.strip_suffix('*') {
-                Some(prefix) if !routes.prefixes.iter().any(|(p, _)| p == prefix) => {
-                    routes.prefixes.push((prefix.to_owned(), topic.to_owned()));
-                    true
-                }
-                Some(_) => false,
-                None => routes.exact.insert(pattern.to_owned(), topic.to_owned()).is_none(),
-            };
-            if !fresh {
-                return Err(RouteError::Twice(rule.clone(), pattern.to_owned()));
-            }
+            routes.by_type.insert(pattern, topic.to_owned()).map_err(|_| RouteError::Twice(rule.clone()))?;
         }
-        routes.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
         Ok(routes)
     }
 
@@ -70,15 +54,12 @@ impl Routes {
         if !named.is_empty() {
             return named;
         }
-        if let Some(topic) = self.exact.get(event_type) {
-            return topic;
-        }
-        self.prefixes.iter().find(|(prefix, _)| event_type.starts_with(prefix.as_str())).map_or(&self.default, |(_, topic)| topic)
+        self.by_type.get(event_type).unwrap_or(&self.default)
     }
 
     /// Every topic a rule or the default names (for creating them).
     pub fn topics(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.exact.values().chain(self.prefixes.iter().map(|(_, t)| t)).cloned().collect();
+        let mut all: Vec<String> = self.by_type.values().cloned().collect();
         all.push(self.default.clone());
         all.sort();
         all.dedup();
@@ -124,7 +105,7 @@ mod tests {
         assert_eq!(parse("*=all"), RouteError::Shape("*=all".into()));
         assert!(matches!(parse("orders.*=bad topic"), RouteError::Topic { .. }));
         let twice = Routes::parse(&["a=x".to_owned(), "a=y".to_owned()], "events").unwrap_err();
-        assert_eq!(twice, RouteError::Twice("a=y".into(), "a".into()));
+        assert_eq!(twice, RouteError::Twice("a=y".into()));
         assert!(matches!(Routes::parse(&[], "no/slash").unwrap_err(), RouteError::Topic { .. }));
     }
 
