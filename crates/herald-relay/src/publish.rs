@@ -15,7 +15,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use tracing::field::Empty;
 use tracing::{Span, error};
 
-use crate::{PublishError, Routes};
+use crate::{PublishError, RelayConfig, Routes};
 
 /// The relay's producer settings: Herald's shared ones (idempotent,
 /// `acks=all`) with no message timeout.
@@ -43,17 +43,14 @@ pub(crate) struct Publisher {
 }
 
 impl Publisher {
-    pub(crate) fn new(
-        kafka: &KafkaConfig,
-        overrides: &[(String, String)],
-        routes: Routes,
-        dataschema_base: Option<String>,
-    ) -> Result<Publisher, KafkaError> {
+    /// The producer of `relay`'s settings (overrides, routes, schema base).
+    pub(crate) fn new(kafka: &KafkaConfig, relay: &RelayConfig) -> Result<Publisher, KafkaError> {
         let mut config = producer_config(kafka);
-        for (key, value) in overrides {
+        for (key, value) in &relay.producer {
             config.set(key, value);
         }
         let producer = config.create()?;
+        let (routes, dataschema_base) = (relay.routes.clone(), relay.dataschema_base.clone());
         Ok(Publisher { config, routes, dataschema_base, producer: Mutex::new(Arc::new(producer)) })
     }
 

@@ -43,8 +43,7 @@ struct Held {
 
 impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
-        let publisher =
-            Publisher::new(kafka, &config.producer, config.routes.clone(), config.dataschema_base.clone()).map_err(RelayError::Producer)?;
+        let publisher = Publisher::new(kafka, &config).map_err(RelayError::Producer)?;
         let shared = Shared { db, publisher, config, counters: Arc::default(), wake: Arc::new(wake::Wake::new()) };
         Ok(Relay { shared: Arc::new(shared) })
     }

@@ -124,6 +124,11 @@ impl Environment {
 }
 
 impl Backends {
+    /// Herald's topic names under `--topic-prefix`.
+    pub fn topics(&self) -> Topics {
+        self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix)
+    }
+
     pub async fn resolve(&self) -> anyhow::Result<Environment> {
         let data_dir = tempfile::Builder::new().prefix("herald-").tempdir()?;
         // The embedded default is this process's alone: it migrates itself.
@@ -132,7 +137,7 @@ impl Backends {
             None => (SecretUrl::new(format!("sqlite://{}?mode=rwc", data_dir.path().join("herald.sqlite").display())), Schema::Migrate),
         };
         let db = open_database(&database, schema).await?;
-        let topics = self.topic_prefix.as_deref().map_or_else(Topics::default, Topics::with_prefix);
+        let topics = self.topics();
         let (kafka, embedded) = match self.kafka.connect().await? {
             Some(kafka) => {
                 herald_kafka::ensure_topics(&kafka, &topics.all(), self.topic.settings()).await?;

@@ -85,8 +85,10 @@ pub struct RoleOptions {
     pub registry: Registry,
     /// The notify subscription's handler (its `--notify-rules`).
     pub notify: herald_notify::intents::NotifyHandler,
-    /// The relay role's routes and `dataschema` base.
-    pub routing: crate::topic_args::RouteArgs,
+    /// The relay role's routes (default: every unnamed row to Herald's
+    /// events topic) and `dataschema` base.
+    pub routes: Option<herald_relay::Routes>,
+    pub dataschema_base: Option<String>,
     /// What callers may ask of the API at once.
     pub api_limits: herald_api::limits::Limits,
     /// Where `/metrics`, `/status` and `/status.json` are served.
@@ -125,7 +127,8 @@ impl Default for RoleOptions {
             notify_start_at: None,
             registry: Registry::embedded(),
             notify: herald_notify::intents::NotifyHandler::default(),
-            routing: crate::topic_args::RouteArgs::default(),
+            routes: None,
+            dataschema_base: None,
             api_limits: herald_api::limits::Limits::default(),
             observe: Observe::OnApi(Access::Open),
             status_interval: Duration::from_secs(1),
@@ -251,8 +254,8 @@ pub async fn start_roles(wiring: Wiring, roles: Roles, options: RoleOptions) -> 
             &wiring.kafka,
             RelayConfig {
                 faults: options.faults.clone(),
-                routes: options.routing.routes(&wiring.topics.events)?,
-                dataschema_base: options.routing.dataschema_base()?,
+                routes: options.routes.clone().unwrap_or_else(|| herald_relay::Routes::to(&wiring.topics.events)),
+                dataschema_base: options.dataschema_base.clone(),
                 ..RelayConfig::default()
             },
         )?;

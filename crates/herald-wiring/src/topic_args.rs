@@ -73,6 +73,19 @@ impl RouteArgs {
     }
 }
 
+/// Creates Herald's topics and those `routes` name, laid out by `settings`.
+pub async fn ensure_routed(
+    kafka: &herald_kafka::KafkaConfig,
+    herald: &herald_kafka::Topics,
+    routes: &herald_relay::Routes,
+    settings: TopicSettings,
+) -> Result<(), herald_kafka::TopicError> {
+    let routed = routes.topics();
+    let mut all: Vec<&str> = herald.all().to_vec();
+    all.extend(routed.iter().map(String::as_str).filter(|t| !herald.all().contains(t)));
+    herald_kafka::ensure_topics(kafka, &all, settings).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::RouteArgs;

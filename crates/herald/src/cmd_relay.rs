@@ -52,13 +52,10 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     // In the background and not fatal: rows for a missing topic are retried
     // and dead-lettered, never counted as delivered; and a broker that does
     // not implement CreateTopics (the mock cluster) must not delay the start.
-    let (topic_kafka, settings, routed) = (kafka.clone(), args.topic.settings(), routes.topics());
+    let (topic_kafka, settings, routed) = (kafka.clone(), args.topic.settings(), routes.clone());
     tokio::spawn(
         async move {
-            let topics = Topics::default();
-            let mut all: Vec<&str> = topics.all().to_vec();
-            all.extend(routed.iter().map(String::as_str).filter(|t| !topics.all().contains(t)));
-            if let Err(e) = herald_kafka::ensure_topics(&topic_kafka, &all, settings).await {
+            if let Err(e) = crate::topic_args::ensure_routed(&topic_kafka, &Topics::default(), &routed, settings).await {
                 warn!(error = %e, "could not make sure Herald's topics exist");
             }
         }

@@ -214,19 +214,16 @@ async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitC
     match command {
         Command::Demo(args) => demo::run(args).await,
         Command::Serve { backends, listen, lifecycle, notify, notify_start_at, prune, routing } => {
-            // Bad routing is bad input: refused before anything starts.
-            routing.routes(herald_kafka::TOPIC_EVENTS)?;
-            routing.dataschema_base()?;
-            let lifecycle = Some(&lifecycle);
-            serve_with(backends, Roles::all(&listen), lifecycle, Some(&notify), notify_start_at, Some(&prune), *routing).await
+            let (lifecycle, notify, prune) = (Some(&lifecycle), Some(&notify), Some(&prune));
+            serve(backends, Roles::all(&listen), lifecycle, notify, notify_start_at, prune, Some(&routing)).await
         }
         Command::Api { backends, listen, lifecycle } => {
             let roles = Roles { api: Some(listen), relay: false, worker: false, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None, None, None).await
+            serve(backends, roles, Some(&lifecycle), None, None, None, None).await
         }
         Command::Worker { backends, lifecycle } => {
             let roles = Roles { api: None, relay: false, worker: true, subscriptions: false, dispatcher: false };
-            serve(backends, roles, Some(&lifecycle), None, None, None).await
+            serve(backends, roles, Some(&lifecycle), None, None, None, None).await
         }
         Command::Relay(args) => cmd_relay::run(args).await,
         Command::Status(args) => cmd_status::run(args).await,
@@ -237,7 +234,7 @@ async fn run(command: Command, file: Option<ConfigFile>) -> anyhow::Result<ExitC
                 return Ok(ExitCode::from(2));
             }
             let roles = Roles { api: None, relay: false, worker: false, subscriptions: false, dispatcher: true };
-            serve(backends, roles, None, Some(&notify), None, None).await
+            serve(backends, roles, None, Some(&notify), None, None, None).await
         }
         Command::Notify(args) => cmd_notify::run(args).await,
         Command::Rebuild(args) => cmd_rebuild::run(args).await,
@@ -266,6 +263,8 @@ fn generated_observe_token(lifecycle: Option<&LifecycleArgs>, observe: &pipeline
     }
 }
 
+/// Runs `roles` in this process; `routing` is the relay role's when it
+/// has flags of its own (`herald serve`).
 async fn serve(
     backends: Backends,
     roles: Roles,
@@ -273,22 +272,14 @@ async fn serve(
     notify: Option<&NotifyArgs>,
     notify_start_at: Option<StartAt>,
     prune: Option<&cmd_prune::ServePrune>,
-) -> anyhow::Result<ExitCode> {
-    serve_with(backends, roles, lifecycle, notify, notify_start_at, prune, herald::topic_args::RouteArgs::default()).await
-}
-
-/// [`serve`] with the relay role's routing (`herald serve` runs it).
-async fn serve_with(
-    backends: Backends,
-    roles: Roles,
-    lifecycle: Option<&LifecycleArgs>,
-    notify: Option<&NotifyArgs>,
-    notify_start_at: Option<StartAt>,
-    prune: Option<&cmd_prune::ServePrune>,
-    routing: herald::topic_args::RouteArgs,
+    routing: Option<&herald::topic_args::RouteArgs>,
 ) -> anyhow::Result<ExitCode> {
     let mut options = lifecycle.map(LifecycleArgs::options).transpose()?.unwrap_or_default();
-    options.routing = routing;
+    if let Some(routing) = routing {
+        // Bad routing is bad input: refused before anything starts.
+        options.routes = Some(routing.routes(&backends.topics().events)?);
+        options.dataschema_base = routing.dataschema_base()?;
+    }
     options.notify_start_at = notify_start_at;
     options.registry = backends.registry()?;
     options.notify = backends.notify_handler()?;
@@ -298,11 +289,9 @@ async fn serve_with(
         notify.validate()?;
     }
     let env = backends.resolve().await?;
-    if roles.relay && backends.kafka.brokers.is_some() {
-        // The topics the relay's routes name, laid out as Herald's own.
-        let routed = options.routing.routes(&env.wiring.topics.events)?.topics();
-        let routed: Vec<&str> = routed.iter().map(String::as_str).collect();
-        herald_kafka::ensure_topics(&env.wiring.kafka, &routed, backends.topic.settings()).await?;
+    if let (true, Some(routes)) = (roles.relay && backends.kafka.brokers.is_some(), &options.routes) {
+        // resolve() made Herald's topics; these are the ones routes add.
+        herald::topic_args::ensure_routed(&env.wiring.kafka, &env.wiring.topics, routes, backends.topic.settings()).await?;
     }
     if let Some(prune) = prune {
         match prune.schedule(&env.wiring).await {
