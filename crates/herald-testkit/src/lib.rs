@@ -18,6 +18,7 @@
 
 pub mod cluster;
 mod db;
+pub mod docs;
 pub mod kafka;
 mod proxy;
 mod secure;

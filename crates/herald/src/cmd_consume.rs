@@ -68,6 +68,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
             (db, kafka, topics)
         }
     };
+    let notify = args.backends.notify_handler()?;
     let options = SubscriptionOptions {
         max_batch: args.max_batch as usize,
         order: args.order,
@@ -91,18 +92,7 @@ pub async fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: --start-at applies to the notify subscription only");
         return Ok(ExitCode::from(2));
     }
-    let s = match subscriptions::run_from(
-        args.subscription,
-        &db,
-        &sub,
-        &options,
-        &metrics,
-        args.start_at,
-        &args.backends.notify_handler()?,
-        shutdown,
-    )
-    .await
-    {
+    let s = match subscriptions::run_from(args.subscription, &db, &sub, &options, &metrics, args.start_at, &notify, shutdown).await {
         Ok(s) => s,
         Err(e) => match e.downcast_ref::<herald_notify::start::Refused>() {
             Some(refused) => {

@@ -5,25 +5,11 @@
 //! Only the topic names are made unique, so runs on one cluster do not
 //! meet. A block that fails fails the test with the session's output.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use herald_testkit::unique;
-
-/// The guide's runnable blocks, in order: `(language, text)`.
-fn blocks(doc: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut lines = doc.lines();
-    while let Some(line) = lines.next() {
-        let Some(lang) = line.strip_prefix("```").filter(|l| !l.is_empty()) else { continue };
-        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
-        if ["sh", "sql", "python"].contains(&lang) {
-            out.push((lang.to_owned(), body.join("\n")));
-        }
-    }
-    out
-}
 
 /// One bash script running `blocks`; background jobs die with it.
 fn session(blocks: &[(String, String)]) -> String {
@@ -41,9 +27,11 @@ fn session(blocks: &[(String, String)]) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_guide_runs_as_written_postgres() -> anyhow::Result<()> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let doc = std::fs::read_to_string(root.join("docs/use-herald-with-your-service.md"))?;
-    let blocks = blocks(&doc);
+    // The runnable blocks; the others (TOML, Rust) are read, not run.
+    let blocks: Vec<(String, String)> = herald_testkit::docs::blocks("docs/use-herald-with-your-service.md")?
+        .into_iter()
+        .filter(|(lang, _)| ["sh", "sql", "python"].contains(&lang.as_str()))
+        .collect();
     let langs: Vec<&str> = blocks.iter().map(|(l, _)| l.as_str()).collect();
     assert_eq!(langs, ["sh", "sql", "python", "sh", "sh", "sh"], "the guide's blocks changed: update this test's expectations");
 

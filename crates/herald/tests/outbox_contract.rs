@@ -8,7 +8,6 @@
 //! error. The SQL slice function agrees with the relay's Rust rule on the
 //! test vectors of docs/outbox-contract.md.
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -17,19 +16,16 @@ use herald_kafka::{KafkaConfig, TopicSettings};
 use herald_store::Db;
 use herald_store::outbox::slice_of;
 use herald_testkit::kafka::{Record, read_all};
-use herald_testkit::{unique, wait_until};
+use herald_testkit::{docs, unique, wait_until};
 use sqlx::Row;
 
 const PARTITIONS: i32 = 2;
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+const CONTRACT: &str = "docs/outbox-contract.md";
 
 /// `(key, slice)` rows of the vector table in docs/outbox-contract.md.
 fn documented_vectors() -> anyhow::Result<Vec<(String, i32)>> {
-    let doc = std::fs::read_to_string(repo_root().join("docs/outbox-contract.md"))?;
-    let vectors: Vec<(String, i32)> = doc
+    let vectors: Vec<(String, i32)> = docs::read(CONTRACT)?
         .lines()
         .filter_map(|line| {
             let cells: Vec<&str> = line.trim().strip_prefix("| `")?.split('|').map(str::trim).collect();
@@ -59,7 +55,7 @@ impl Drop for Relay {
 }
 
 fn python(url: &str, run: &str) -> anyhow::Result<serde_json::Value> {
-    let out = Command::new("python3").arg(repo_root().join("tests/contract/append_events.py")).args([url, run]).output()?;
+    let out = Command::new("python3").arg(docs::path("tests/contract/append_events.py")).args([url, run]).output()?;
     anyhow::ensure!(out.status.success(), "append_events.py failed: {}", String::from_utf8_lossy(&out.stderr));
     Ok(serde_json::from_slice(&out.stdout)?)
 }
@@ -107,7 +103,7 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
 
     // The document's own example, as printed, in a transaction rolled back
     // after a look at what it wrote.
-    let example = documented_block("SELECT herald.append_event(")?;
+    let example = docs::block(CONTRACT, "sql", "SELECT herald.append_event(")?;
     let mut tx = db.begin().await?;
     sqlx::raw_sql(&example).execute(&mut *tx).await?;
     let row = sqlx::query("SELECT slice, content_type, extensions, topic FROM outbox WHERE event_id = 'order-1001-placed'")
@@ -118,6 +114,27 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
     assert_eq!(row.try_get::<String, _>("extensions")?, r#"{"tenant": "acme"}"#);
     assert_eq!(row.try_get::<String, _>("topic")?, "", "routed by the relay");
     tx.rollback().await?;
+
+    // What the function refuses, each with SQLSTATE 22023 and the reason,
+    // writing nothing.
+    let valid = "id => 'x', type => 't', subject => '', partition_key => 'k', data => '\\x7b7d'";
+    for (call, reason) in [
+        ("source => ''", "are required"),
+        ("source => '/s', content_type => 'application/avro'", "needs a dataschema"),
+        ("source => '/s', content_type => 'text/plain'", "content_type must be"),
+        ("source => '/s', extensions => '{\"Tenant\":\"a\"}'", "extension name"),
+        ("source => '/s', extensions => '{\"id\":\"a\"}'", "extension name"),
+        ("source => '/s', extensions => '{\"n\":1}'", "must be a string"),
+        ("source => '/s', traceparent => 'nope'", "traceparent"),
+    ] {
+        let sql = format!("SELECT 1 AS appended FROM herald.append_event({valid}, {call})");
+        let Err(refused) = sqlx::query(&sql).fetch_one(db.pool()).await else { panic!("accepted: {call}") };
+        let database = refused.as_database_error().expect("a database error");
+        assert_eq!(database.code().as_deref(), Some("22023"), "{call}: {refused}");
+        assert!(database.message().contains(reason), "{call}: {refused}");
+    }
+    let written = sqlx::query("SELECT COUNT(*) AS n FROM outbox").fetch_one(db.pool()).await?;
+    assert_eq!(written.try_get::<i64, _>("n")?, 0, "a refused append writes nothing");
 
     let run = unique("py");
     let report = python(&test_db.url, &run)?;
@@ -208,23 +225,6 @@ async fn a_python_service_appends_in_its_own_transaction_and_the_relay_routes_by
     Ok(())
 }
 
-/// The `sql` block of docs/outbox-contract.md that contains `marker`.
-fn documented_block(marker: &str) -> anyhow::Result<String> {
-    let doc = std::fs::read_to_string(repo_root().join("docs/outbox-contract.md"))?;
-    let block = doc
-        .split("```sql")
-        .skip(1)
-        .filter_map(|rest| rest.split("```").next())
-        .find(|block| block.contains(marker))
-        .ok_or_else(|| anyhow::anyhow!("docs/outbox-contract.md has no sql block with {marker}"))?;
-    Ok(block.trim().to_owned())
-}
-
-/// The documented SQLite `INSERT`, as docs/outbox-contract.md prints it.
-fn documented_sqlite_insert() -> anyhow::Result<String> {
-    documented_block("INSERT INTO outbox")
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_python_service_appends_with_the_documented_sqlite_insert_sqlite() -> anyhow::Result<()> {
     let test_db = herald_testkit::sqlite_db()?;
@@ -238,13 +238,13 @@ async fn a_python_service_appends_with_the_documented_sqlite_insert_sqlite() -> 
     let run = unique("sq");
     let file = test_db.url.trim_start_matches("sqlite://").trim_end_matches("?mode=rwc").to_owned();
     let mut child = Command::new("python3")
-        .arg(repo_root().join("tests/contract/append_events_sqlite.py"))
+        .arg(docs::path("tests/contract/append_events_sqlite.py"))
         .args([&file, &run])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()?;
-    std::io::Write::write_all(&mut child.stdin.take().expect("piped"), documented_sqlite_insert()?.as_bytes())?;
+    std::io::Write::write_all(&mut child.stdin.take().expect("piped"), docs::block(CONTRACT, "sql", "INSERT INTO outbox")?.as_bytes())?;
     let out = child.wait_with_output()?;
     anyhow::ensure!(out.status.success(), "append_events_sqlite.py failed: {}", String::from_utf8_lossy(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;

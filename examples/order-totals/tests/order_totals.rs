@@ -6,7 +6,6 @@
 //! rebuilt into generation 2, which verifies against generation 1 and
 //! takes over reads.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use cloudevents::binding::rdkafka::FutureRecordExt;
@@ -32,17 +31,6 @@ impl Progress for Quiet {
     fn replayed(&mut self, _: ReplayProgress) {}
 }
 
-/// The SQLite INSERT of docs/outbox-contract.md, as printed there.
-fn documented_sqlite_insert() -> anyhow::Result<String> {
-    let doc = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/outbox-contract.md"))?;
-    doc.split("```sql")
-        .skip(1)
-        .filter_map(|rest| rest.split("```").next())
-        .find(|block| block.contains("INSERT INTO outbox"))
-        .map(|block| block.trim().to_owned())
-        .ok_or_else(|| anyhow::anyhow!("no INSERT INTO outbox block in docs/outbox-contract.md"))
-}
-
 /// What the shop service does: its event, in its own transaction, through
 /// the contract.
 async fn append(db: &Db, id: &str, event_type: &str, order_id: &str, data: &str) -> anyhow::Result<()> {
@@ -63,7 +51,7 @@ async fn append(db: &Db, id: &str, event_type: &str, order_id: &str, data: &str)
         }
         Backend::Sqlite => {
             let now = herald_store::now_ms();
-            sqlx::query(&documented_sqlite_insert()?)
+            sqlx::query(&herald_testkit::docs::block("docs/outbox-contract.md", "sql", "INSERT INTO outbox")?)
                 .bind(id)
                 .bind(SOURCE)
                 .bind(event_type)
