@@ -193,7 +193,7 @@ pub async fn admit_batch_pg(
     match insert_pg(conn, scope, topic, entries, "").await {
         Ok(_) => return Ok(entries.iter().map(|e| (e.key.source.clone(), e.key.id.clone())).collect()),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT replay_claim").execute(&mut *conn).await?;
+            sqlx::query("ROLLBACK TO SAVEPOINT replay_admit").execute(&mut *conn).await?;
         }
         Err(e) => return Err(e),
     }
