@@ -152,6 +152,7 @@ pub async fn complete(
     match crate::fault_at(faults, Point::BeforeCompletionCommit, &job.job_id, attempt.generation).await? {
         Action::CommitThenLoseAnswer => {
             tx.commit().await.map_err(StoreError::from)?;
+            outbox::announce(db, [job.job_id.as_str()]);
             return Ok(Completion::Unknown("injected: commit answer lost".into()));
         }
         Action::DropThenLoseAnswer => {
@@ -161,7 +162,10 @@ pub async fn complete(
         Action::Continue | Action::Fail(_) | Action::LoseAck => {}
     }
     match tx.commit().await.map_err(StoreError::from) {
-        Ok(()) => Ok(Completion::Completed),
+        Ok(()) => {
+            outbox::announce(db, [job.job_id.as_str()]);
+            Ok(Completion::Completed)
+        }
         // Lost connection during COMMIT: it may or may not have happened.
         Err(e) if e.is_retryable() => Ok(Completion::Unknown(e.to_string())),
         Err(e) => Err(e.into()),
@@ -258,6 +262,7 @@ pub async fn record_failure(
         outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
     }
     tx.commit().await.map_err(StoreError::from)?;
+    outbox::announce(db, [attempt.job.job_id.as_str()]);
     Ok(match decision {
         AfterFailure::Retry { retry_at_ms } => FailureOutcome::Retrying { retry_at_ms },
         AfterFailure::Fail => FailureOutcome::Failed,

@@ -65,5 +65,6 @@ pub async fn delete(db: &Db, topics: &Topics, caller: &str, job_id: &str) -> Res
     let data = ExportDeleted { job_id: job.job_id.clone(), caller: job.caller.clone(), deleted_at_ms: now, version: job.version };
     outbox::append(&mut tx, &OutboxEvent::new(&topics.events, &job.job_id, &data, Utc::now())?).await?;
     tx.commit().await.map_err(StoreError::from)?;
+    outbox::announce(db, [job.job_id.as_str()]);
     Ok(Deletion::Deleted(job))
 }

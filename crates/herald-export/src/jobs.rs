@@ -108,6 +108,7 @@ pub async fn submit(db: &Db, config: &IntakeConfig, caller: &str, key: &str, req
     }
     append_command(&mut tx, &config.topics, &job).await?;
     tx.commit().await.map_err(StoreError::from)?;
+    outbox::announce(db, [job.job_id.as_str()]);
     Ok(Submitted::Created(job))
 }
 

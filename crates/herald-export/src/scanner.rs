@@ -80,6 +80,7 @@ async fn take_over(db: &Db, topics: &Topics, policy: &LeasePolicy, job_id: &str,
     let job = row_to_job(&row)?;
     append_command(&mut tx, topics, &job).await?;
     tx.commit().await.map_err(StoreError::from)?;
+    herald_store::outbox::announce(db, [job.job_id.as_str()]);
     info!(job_id, from_generation = generation, to_generation = job.generation, "job taken over; command re-issued");
     Ok(true)
 }

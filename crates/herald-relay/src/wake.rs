@@ -2,8 +2,10 @@
 //! (the outbox's insert trigger notifies at commit, one notification per
 //! slice written, the slice as payload — migration 0019). Only that slice's
 //! task wakes; a notification without a slice (the trigger of an older
-//! schema) wakes them all. The polling in `slice.rs` stays as the fallback
-//! for lost notifications and for SQLite.
+//! schema) wakes them all. SQLite has no NOTIFY: there the slices wake on
+//! the news of commits in this process (`herald_store::appended`). The
+//! polling in `slice.rs` stays as the fallback for lost notifications and
+//! for SQLite rows written by other processes.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -34,9 +36,15 @@ impl Wake {
 
     /// Wakes the slice a notification names, or every slice.
     fn notified(&self, payload: &str) {
-        match payload.trim().parse::<usize>() {
-            Ok(slice) if slice < self.0.len() => self.0[slice].send_modify(|n| *n += 1),
+        match payload.trim().parse::<i32>() {
+            Ok(slice) if (0..SLICES).contains(&slice) => self.slice(slice),
             _ => self.all(),
+        }
+    }
+
+    fn slice(&self, slice: i32) {
+        if let Some(sender) = usize::try_from(slice).ok().and_then(|i| self.0.get(i)) {
+            sender.send_modify(|n| *n += 1);
         }
     }
 
@@ -53,7 +61,7 @@ impl Wake {
 /// slices read once when they start anyway.)
 pub(crate) async fn listen(db: Db, wake: Arc<Wake>, counters: Arc<RelayCounters>, stop: CancellationToken) {
     if db.backend() != Backend::Postgres {
-        return;
+        return follow_this_process(&db, &wake, &stop).await;
     }
     let mut reconnect = false;
     while !stop.is_cancelled() {
@@ -88,6 +96,23 @@ pub(crate) async fn listen(db: Db, wake: Arc<Wake>, counters: Arc<RelayCounters>
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// SQLite: wakes the slices this process's writers announce after their
+/// commits (`herald_store::outbox::announce`); rows other processes write
+/// wait for the slice's poll.
+async fn follow_this_process(db: &Db, wake: &Wake, stop: &CancellationToken) {
+    let appended = db.appended();
+    let mut news = appended.subscribe();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            changed = news.changed() => if changed.is_err() { return },
+        }
+        for slice in appended.take() {
+            wake.slice(slice);
         }
     }
 }

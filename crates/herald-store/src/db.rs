@@ -1,4 +1,5 @@
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use herald_secret::SecretUrl;
@@ -6,6 +7,7 @@ use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, Executor};
 
 use crate::StoreError;
+use crate::appended::Appended;
 
 /// Which database is behind a [`Db`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,7 @@ pub struct Db {
     pool: AnyPool,
     backend: Backend,
     url: SecretUrl,
+    appended: Arc<Appended>,
 }
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
@@ -56,7 +59,7 @@ impl Db {
         .connect_with(options)
         .await
         .map_err(refused_at_connect)?;
-        Ok(Db { pool, backend, url })
+        Ok(Db { pool, backend, url, appended: Arc::default() })
     }
 
     /// A pool of its own for the HTTP API on PostgreSQL: at most
@@ -92,7 +95,7 @@ impl Db {
             .connect_with(options)
             .await
             .map_err(refused_at_connect)?;
-        Ok(Db { pool, backend: self.backend, url: self.url.clone() })
+        Ok(Db { pool, backend: self.backend, url: self.url.clone(), appended: self.appended.clone() })
     }
 
     /// Connects and applies every pending migration of the backend: for
@@ -179,6 +182,12 @@ impl Db {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         })
+    }
+
+    /// News of outbox rows committed through this process's handles
+    /// ([`crate::outbox::announce`]), for its relay.
+    pub fn appended(&self) -> &Appended {
+        &self.appended
     }
 
     pub async fn close(&self) {

@@ -8,6 +8,7 @@
 //! milliseconds, and the few statements that must differ branch on
 //! [`Backend`].
 
+pub mod appended;
 mod db;
 pub mod dead_letter;
 pub mod delivered;

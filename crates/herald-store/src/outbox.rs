@@ -101,6 +101,15 @@ fn extensions_of(row: &AnyRow) -> Result<BTreeMap<String, String>, StoreError> {
     serde_json::from_str(&text).map_err(|e| StoreError::Config(format!("outbox row with unreadable extensions {text:?}: {e}")))
 }
 
+/// Tells the relay of this process that rows of `partition_keys` committed,
+/// so it reads their slices now instead of at its next poll. Call it after
+/// the commit of a transaction that appended; on PostgreSQL the outbox
+/// trigger's `NOTIFY` does the same for every relay, on SQLite only this
+/// does (see [`crate::appended`]).
+pub fn announce<'a>(db: &Db, partition_keys: impl IntoIterator<Item = &'a str>) {
+    db.appended().announce(partition_keys);
+}
+
 /// Appends `event` inside the caller's transaction; returns its sequence.
 /// An event without trace context is written in the `outbox.append` span's,
 /// a child of the caller's span: the relay and every consumer join it.
