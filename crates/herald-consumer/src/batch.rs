@@ -7,18 +7,20 @@
 //! in the same transactions instead of applied (see `parking`).
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Instant;
 
 use herald_envelope::{DecodedEvent, Registry, decode_any_with};
 use herald_store::dead_letter::{self, NewDeadLetter};
-use herald_store::inbox::{self, Delivery, Entry};
+use herald_store::inbox::{self, Delivery, Entry, PgEntry};
 use herald_store::{Db, StoreError, Tx, positions};
 use rdkafka::message::{Message, OwnedMessage};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, warn};
 
 use crate::handler::Record;
 use crate::letters::{self, Backoff};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, StageTimes};
 use crate::parking::{self, Blocked, Verdict};
 use crate::{Handler, HandlerError, Order, SubscriptionOptions};
 
@@ -55,6 +57,9 @@ struct Counts {
 
 pub(crate) struct Applier<'a, H> {
     pub db: &'a Db,
+    /// The native PostgreSQL pool of the handler's fast path
+    /// ([`Handler::applies_pg`]), if it has one and the database is PostgreSQL.
+    pub native: Option<&'a PgPool>,
     pub subscription: &'a str,
     pub handler: &'a H,
     pub options: &'a SubscriptionOptions,
@@ -147,13 +152,74 @@ impl<H: Handler> Applier<'_, H> {
     }
 
     async fn try_batch(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
+        // Nothing to park or dead-letter: the native path has no statements for either.
+        let plain = self.order == Order::None && !parsed.iter().any(|p| matches!(p, Parsed::Poison(_)));
+        match self.native {
+            Some(pool) if plain => self.try_batch_pg(pool, batch, parsed).await,
+            _ => self.try_batch_any(batch, parsed).await,
+        }
+    }
+
+    /// [`Applier::try_batch_any`] for a batch without undecodable records
+    /// and without per-key order, on sqlx's native PostgreSQL driver.
+    async fn try_batch_pg(&self, pool: &PgPool, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
+        let mut counts = Counts::default();
+        let mut seen = HashSet::new();
+        let mut candidates = Vec::new();
+        for (msg, p) in batch.iter().zip(parsed) {
+            match p {
+                Parsed::Event(event) if seen.insert(&event.key) => candidates.push((msg, event)),
+                Parsed::Event(_) => counts.duplicates += 1,
+                Parsed::Skip => counts.skipped += 1,
+                // `try_batch` sends batches with one to `try_batch_any`.
+                Parsed::Poison(_) => return Err(HandlerError::Reject("undecodable record on the native path".into())),
+            }
+        }
+        let mut entries: Vec<PgEntry<'_>> = candidates
+            .iter()
+            .map(|(msg, e)| PgEntry {
+                key: &e.key,
+                event_type: &e.event_type,
+                topic: msg.topic(),
+                partition: msg.partition(),
+                offset: msg.offset(),
+            })
+            .collect();
+        // Keys in one order in every transaction, as `admit_batch` sorts them.
+        entries.sort_by(|a, b| a.key.cmp(b.key));
+        let time = &self.metrics.time;
+        let started = Instant::now();
+        let mut lap = started;
+        let mut tx = pool.begin().await.map_err(StoreError::from)?;
+        for (topic, next) in next_offsets(batch) {
+            positions::advance_pg(&mut tx, self.subscription, topic, &next).await.map_err(StoreError::from)?;
+        }
+        StageTimes::lap(&time.begin_us, &mut lap);
+        let first = inbox::admit_batch_pg(&mut tx, self.subscription, &entries).await.map_err(StoreError::from)?;
+        StageTimes::lap(&time.inbox_us, &mut lap);
+        let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
+        self.handler.apply_pg(&mut tx, &new).await?;
+        StageTimes::lap(&time.handler_us, &mut lap);
+        tx.commit().await.map_err(StoreError::from)?;
+        StageTimes::lap(&time.commit_us, &mut lap);
+        StageTimes::lap(&time.transaction_us, &mut started.clone());
+        counts.applied = new.len() as u64;
+        counts.duplicates += (candidates.len() - new.len()) as u64;
+        Ok(counts)
+    }
+
+    async fn try_batch_any(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
         let mut counts = Counts::default();
         let mut seen = HashSet::new();
         let mut entries = Vec::new();
         let mut candidates = Vec::new();
         let mut dead = Vec::new();
+        let time = &self.metrics.time;
+        let started = Instant::now();
+        let mut lap = started;
         let mut tx = self.db.begin().await?;
         advance_positions(&mut tx, self.subscription, batch).await?;
+        StageTimes::lap(&time.begin_us, &mut lap);
         let mut blocked = self.blocked(&mut tx, batch).await?;
         for (msg, p) in batch.iter().zip(parsed) {
             // A type the handler skips is applied by nobody: no order to keep.
@@ -185,9 +251,13 @@ impl<H: Handler> Applier<'_, H> {
             }
         }
         let first = inbox::admit_batch(&mut tx, self.subscription, &entries).await?;
+        StageTimes::lap(&time.inbox_us, &mut lap);
         let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
         self.handler.apply(&mut tx, &new).await?;
+        StageTimes::lap(&time.handler_us, &mut lap);
         tx.commit().await.map_err(StoreError::from)?;
+        StageTimes::lap(&time.commit_us, &mut lap);
+        StageTimes::lap(&time.transaction_us, &mut started.clone());
         dead.iter().for_each(letters::log_dead);
         counts.dead = dead.len() as u64;
         counts.applied = new.len() as u64;
@@ -345,15 +415,20 @@ fn record<'a>(msg: &OwnedMessage, event: &'a DecodedEvent) -> Record<'a> {
 
 /// The first statement of every batch transaction: see `herald_store::positions`.
 async fn advance_positions(tx: &mut herald_store::Tx<'_>, subscription: &str, batch: &[OwnedMessage]) -> Result<(), StoreError> {
+    for (topic, next) in next_offsets(batch) {
+        positions::advance(tx, subscription, topic, &next).await?;
+    }
+    Ok(())
+}
+
+/// Per topic and partition, the offset after the batch's last record.
+fn next_offsets(batch: &[OwnedMessage]) -> BTreeMap<&str, BTreeMap<i32, i64>> {
     let mut by_topic: BTreeMap<&str, BTreeMap<i32, i64>> = BTreeMap::new();
     for msg in batch {
         let next = by_topic.entry(msg.topic()).or_default().entry(msg.partition()).or_insert(0);
         *next = (*next).max(msg.offset() + 1);
     }
-    for (topic, next) in by_topic {
-        positions::advance(tx, subscription, topic, &next).await?;
-    }
-    Ok(())
+    by_topic
 }
 
 fn delivery(msg: &OwnedMessage) -> Delivery<'_> {

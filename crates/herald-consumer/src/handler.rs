@@ -4,6 +4,7 @@ use std::future::Future;
 
 use herald_envelope::DecodedEvent;
 use herald_store::Tx;
+use sqlx::PgConnection;
 
 use crate::{HandlerError, Order};
 
@@ -35,4 +36,20 @@ pub trait Handler: Send + Sync {
     /// whole batch back and the runtime retries its records one by one to
     /// find the culprit.
     fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> impl Future<Output = Result<(), HandlerError>> + Send;
+
+    /// Whether [`Handler::apply_pg`] is implemented. On PostgreSQL, a batch
+    /// with nothing undecodable, of a subscription without per-key order,
+    /// then runs on sqlx's native driver with array binds: positions, inbox
+    /// rows and this write in a few statements whatever the batch's size
+    /// (`Any` binds every value of a multi-row `VALUES` one by one). Other
+    /// batches, and records retried one by one, take [`Handler::apply`].
+    fn applies_pg(&self) -> bool {
+        false
+    }
+
+    /// The same as [`Handler::apply`] on a native PostgreSQL connection.
+    fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>]) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = (tx, records);
+        async { Err(HandlerError::Reject("this handler has no PostgreSQL fast path".into())) }
+    }
 }

@@ -48,7 +48,7 @@ mod replay_write;
 
 pub use error::{HandlerError, ProcessError, ReplayError, RunError};
 pub use handler::{Handler, Record};
-pub use metrics::{Metrics, MetricsSnapshot};
+pub use metrics::{Metrics, MetricsSnapshot, StageTimes};
 pub use order::{Order, UnknownOrder};
 pub use parking::Released;
 pub use projection::{Fingerprint, Live, Projection};

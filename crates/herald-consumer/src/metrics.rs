@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -22,6 +23,51 @@ pub struct Metrics {
     pub retries: AtomicU64,
     /// Partitions this member holds now; written by the rebalance callbacks.
     pub assigned: Arc<AtomicU64>,
+    /// Where the time goes, in microseconds summed over lanes (the
+    /// benchmark prints it per 1,000 events).
+    pub time: StageTimes,
+}
+
+/// Microseconds spent per stage of the batching runtime.
+#[derive(Debug, Default)]
+pub struct StageTimes {
+    /// Receiving a poll's records from librdkafka (the lanes wait meanwhile).
+    pub receive_us: AtomicU64,
+    /// A lane waiting for its next batch's decoding.
+    pub decode_wait_us: AtomicU64,
+    /// Batch transactions, from `BEGIN` to the commit's answer; of which:
+    pub transaction_us: AtomicU64,
+    /// `BEGIN` and the positions' advance (the batch's first statement);
+    pub begin_us: AtomicU64,
+    /// the inbox rows (and, on the shared path, dead letters and parking);
+    pub inbox_us: AtomicU64,
+    /// the handler's write;
+    pub handler_us: AtomicU64,
+    /// the commit.
+    pub commit_us: AtomicU64,
+}
+
+impl StageTimes {
+    /// Adds the time since `since` to `counter` and restarts `since`.
+    pub(crate) fn lap(counter: &AtomicU64, since: &mut Instant) {
+        let now = Instant::now();
+        counter.fetch_add(u64::try_from((now - *since).as_micros()).unwrap_or(u64::MAX), Ordering::Relaxed);
+        *since = now;
+    }
+
+    /// Every stage in microseconds, by name.
+    pub fn snapshot(&self) -> [(&'static str, u64); 7] {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        [
+            ("receive", get(&self.receive_us)),
+            ("decode_wait", get(&self.decode_wait_us)),
+            ("transaction", get(&self.transaction_us)),
+            ("begin_positions", get(&self.begin_us)),
+            ("inbox", get(&self.inbox_us)),
+            ("handler", get(&self.handler_us)),
+            ("commit", get(&self.commit_us)),
+        ]
+    }
 }
 
 /// A point-in-time copy of [`Metrics`].

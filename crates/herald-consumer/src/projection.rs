@@ -13,7 +13,8 @@ use std::future::Future;
 
 use herald_envelope::DecodedEvent;
 use herald_store::delivered::Settled;
-use herald_store::{Db, StoreError, Tx, generations};
+use herald_store::generations::{self, LiveGeneration};
+use herald_store::{Db, StoreError, Tx};
 use sqlx::PgConnection;
 
 use crate::handler::{Handler, Record};
@@ -117,13 +118,37 @@ impl<P: Projection> Handler for Live<P> {
     }
 
     async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
-        let facts = records.iter().map(|r| Ok((r, P::fact(r.event)?))).collect::<Result<Vec<_>, HandlerError>>()?;
+        let facts = facts::<P>(records)?;
         for generation in generations::live(tx, P::NAME, &self.topic).await? {
-            let owned: Vec<&P::Fact> = facts.iter().filter(|(r, _)| generation.owns(r.partition, r.offset)).map(|(_, f)| f).collect();
+            let owned = owned_by(&generation, &facts);
             if !owned.is_empty() {
                 self.projection.write(tx, generation.generation, &owned).await?;
             }
         }
         Ok(())
     }
+
+    fn applies_pg(&self) -> bool {
+        P::WRITES_PG
+    }
+
+    async fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>]) -> Result<(), HandlerError> {
+        let facts = facts::<P>(records)?;
+        for generation in generations::live_pg(tx, P::NAME, &self.topic).await.map_err(StoreError::from)? {
+            let owned = owned_by(&generation, &facts);
+            if !owned.is_empty() {
+                self.projection.write_pg(tx, generation.generation, &owned).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn facts<'r, P: Projection>(records: &'r [Record<'r>]) -> Result<Vec<(&'r Record<'r>, P::Fact)>, HandlerError> {
+    records.iter().map(|r| Ok((r, P::fact(r.event)?))).collect()
+}
+
+/// The facts of records `generation` takes from live traffic.
+fn owned_by<'f, F>(generation: &LiveGeneration, facts: &'f [(&Record<'_>, F)]) -> Vec<&'f F> {
+    facts.iter().filter(|(r, _)| generation.owns(r.partition, r.offset)).map(|(_, f)| f).collect()
 }

@@ -113,10 +113,12 @@ impl<'p, P: Projection> Writer<'p, P> {
         let facts: Vec<&P::Fact> = if P::IDEMPOTENT {
             items.iter().map(|i| i.fact).collect()
         } else {
-            let entries: Vec<PgEntry<'_>> =
-                items.iter().map(|i| PgEntry { key: i.key, event_type: i.event_type, partition: i.partition, offset: i.offset }).collect();
-            let first = inbox::admit_batch_pg(&mut tx, &self.scope, &self.topic, &entries).await?;
-            first_seen(items, |key| first.contains(&(key.source.clone(), key.id.clone())))
+            let entries: Vec<PgEntry<'_>> = items
+                .iter()
+                .map(|i| PgEntry { key: i.key, event_type: i.event_type, topic: &self.topic, partition: i.partition, offset: i.offset })
+                .collect();
+            let first = inbox::admit_batch_pg(&mut tx, &self.scope, &entries).await?;
+            first_seen(items, |key| first.contains(key))
         };
         if !facts.is_empty() {
             self.projection.write_pg(&mut tx, self.generation, &facts).await?;

@@ -10,11 +10,12 @@ use std::time::Duration;
 use herald_envelope::Registry;
 use herald_envelope::legacy::SOURCE_ALIASES;
 use herald_fault::{Hook, Point};
-use herald_store::{Db, inbox};
+use herald_store::{Backend, Db, inbox};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -22,7 +23,7 @@ use tracing::{info, warn};
 use crate::batch::{Applier, Decoded, decode};
 use crate::context::SubscriptionContext;
 use crate::letters::Backoff;
-use crate::metrics::{Metrics, MetricsSnapshot};
+use crate::metrics::{Metrics, MetricsSnapshot, StageTimes};
 use crate::{Handler, Order, RunError, Subscription};
 
 /// Tuning of a subscription.
@@ -109,9 +110,10 @@ pub async fn run_subscription<H: Handler>(
     consumer.subscribe(&topics)?;
     let order = options.order.unwrap_or_else(|| handler.order());
     info!(subscription = %subscription.name, group = %subscription.group, ?topics, %order, "subscription started");
-    let applier = Applier { db, subscription: &subscription.name, handler, options, order, metrics };
+    let native = native_pool(db, handler, options);
+    let applier = Applier { db, native: native.as_ref(), subscription: &subscription.name, handler, options, order, metrics };
     let committed = AtomicU64::new(0);
-    while let Some(records) = collect(&consumer, options, &shutdown).await {
+    while let Some(records) = collect(&consumer, options, &metrics.time, &shutdown).await {
         // Partitions are independent: their records are split into up to
         // `lanes` groups applied concurrently (on PostgreSQL, in separate
         // transactions on separate connections), each lane a pipeline of
@@ -134,9 +136,29 @@ pub async fn run_subscription<H: Handler>(
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
         Err(e) => warn!(subscription = %subscription.name, error = %e, "final offset commit failed; records will be redelivered"),
     }
+    if let Some(pool) = native {
+        pool.close().await;
+    }
     let snapshot = metrics.snapshot();
     info!(subscription = %subscription.name, applied = snapshot.applied, ?snapshot, "subscription stopped");
     Ok(snapshot)
+}
+
+/// The pool of the handler's native PostgreSQL path ([`Handler::applies_pg`]):
+/// a connection per lane and a spare, opened on first use, so that an
+/// outage then is a batch's retryable failure like any other.
+fn native_pool<H: Handler>(db: &Db, handler: &H, options: &SubscriptionOptions) -> Option<PgPool> {
+    if db.backend() != Backend::Postgres || !handler.applies_pg() {
+        return None;
+    }
+    let connections = u32::try_from(options.lanes).unwrap_or(u32::MAX).saturating_add(1);
+    match PgPoolOptions::new().max_connections(connections).connect_lazy(db.url()) {
+        Ok(pool) => Some(pool),
+        Err(e) => {
+            warn!(error = %e, "the native PostgreSQL path cannot parse the database URL; every batch takes the shared path");
+            None
+        }
+    }
 }
 
 /// The start-up's database work, tried again while the database is
@@ -173,7 +195,9 @@ async fn lane<H: Handler>(
     let registry = &applier.options.registry;
     let mut next = batches.next().map(|b| spawn_decode(b, registry.clone()));
     while let Some(decoding) = next.take() {
+        let mut waiting = std::time::Instant::now();
         let (batch, decoded) = decoding.await.map_err(|e| RunError::Internal(e.to_string()))?;
+        StageTimes::lap(&applier.metrics.time.decode_wait_us, &mut waiting);
         next = batches.next().map(|b| spawn_decode(b, registry.clone()));
         if !applier.apply(&batch, decoded, shutdown).await {
             return Ok(false);
@@ -195,15 +219,23 @@ fn spawn_decode(batch: Vec<OwnedMessage>, registry: Registry) -> tokio::task::Jo
 
 /// Groups records by partition into at most `lanes` lanes (a partition stays
 /// in one lane, its records in order), each cut into batches of `size`.
+/// The largest partitions are placed first, each in the lane with the
+/// fewest records so far: the poll ends when its last lane does, so lanes
+/// of equal length idle least (partitions dealt out in turn left one lane
+/// with most of a poll whenever their sizes differed).
 fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec<Vec<OwnedMessage>>> {
     let mut partitions: BTreeMap<(String, i32), Vec<OwnedMessage>> = BTreeMap::new();
     for msg in records {
         partitions.entry((msg.topic().to_owned(), msg.partition())).or_default().push(msg);
     }
+    let mut partitions: Vec<Vec<OwnedMessage>> = partitions.into_values().collect();
+    partitions.sort_by_key(|msgs| std::cmp::Reverse(msgs.len()));
     let lanes = lanes.max(1);
     let mut by_lane: Vec<Vec<OwnedMessage>> = (0..lanes).map(|_| Vec::new()).collect();
-    for (i, (_, msgs)) in partitions.into_iter().enumerate() {
-        by_lane[i % lanes].extend(msgs);
+    for msgs in partitions {
+        if let Some(lane) = by_lane.iter_mut().min_by_key(|lane| lane.len()) {
+            lane.extend(msgs);
+        }
     }
     by_lane
         .into_iter()
@@ -227,15 +259,20 @@ fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec
 /// were not applied, and whoever owns the partition now (maybe this process
 /// again) receives them again from the committed offset. Records received
 /// after it are kept — they come from the new assignment.
+///
+/// `time.receive_us` counts from the first record on: waiting for traffic
+/// is not work.
 async fn collect(
     consumer: &StreamConsumer<SubscriptionContext>,
     options: &SubscriptionOptions,
+    time: &StageTimes,
     shutdown: &CancellationToken,
 ) -> Option<Vec<OwnedMessage>> {
     let first = tokio::select! {
         _ = shutdown.cancelled() => return None,
         msg = consumer.recv() => msg,
     };
+    let mut receiving = std::time::Instant::now();
     consumer.context().take_revoked();
     // At least two batches per lane: one in the database while the next is decoded.
     let limit = options.max_batch.max(1) * options.lanes.max(1) * options.batches_per_poll.max(2);
@@ -263,6 +300,7 @@ async fn collect(
             Err(_elapsed) => break,
         }
     }
+    StageTimes::lap(&time.receive_us, &mut receiving);
     Some(batch)
 }
 
@@ -281,5 +319,42 @@ fn store_offsets(consumer: &StreamConsumer<SubscriptionContext>, subscription: &
             // and the inbox absorbs what this batch applied.
             warn!(subscription, topic, partition, offset, error = %e, "offset not stored");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::Timestamp;
+
+    use super::*;
+
+    fn records(sizes: &[usize]) -> Vec<OwnedMessage> {
+        let mut out = Vec::new();
+        for offset in 0..sizes.iter().copied().max().unwrap_or(0) {
+            for (partition, size) in sizes.iter().enumerate() {
+                if offset < *size {
+                    out.push(OwnedMessage::new(None, None, "t".into(), Timestamp::NotAvailable, partition as i32, offset as i64, None));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn lanes_are_balanced_and_keep_partitions_whole_and_in_order() {
+        // Dealt out in turn, partitions 0 and 2 (7 records) and 1 and 3 (5) would make one lane the poll's tail.
+        let lanes = split_lanes(records(&[6, 1, 1, 4]), 2, 4);
+        let lengths: Vec<usize> = lanes.iter().map(|batches| batches.iter().map(Vec::len).sum()).collect();
+        assert_eq!(lengths, vec![6, 6]);
+        for lane in &lanes {
+            assert!(lane.iter().all(|batch| batch.len() <= 4));
+            let records: Vec<&OwnedMessage> = lane.iter().flatten().collect();
+            for partition in 0..4 {
+                let offsets: Vec<i64> = records.iter().filter(|m| m.partition() == partition).map(|m| m.offset()).collect();
+                assert!(offsets.windows(2).all(|w| w[0] < w[1]), "partition {partition} in order: {offsets:?}");
+            }
+        }
+        let holders = |partition: i32| lanes.iter().filter(|lane| lane.iter().flatten().any(|m| m.partition() == partition)).count();
+        assert!((0..4).all(|p| holders(p) == 1), "each partition in one lane");
     }
 }

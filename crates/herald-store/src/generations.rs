@@ -70,26 +70,40 @@ impl LiveGeneration {
 /// The generations of `projection` that live traffic writes, with their
 /// boundaries in `topic`, read inside the batch's transaction.
 pub async fn live(tx: &mut Tx<'_>, projection: &str, topic: &str) -> Result<Vec<LiveGeneration>, StoreError> {
-    let sql = format!(
+    let rows: Vec<LiveRow> = sqlx::query_as(&live_sql()).bind(projection).bind(topic).fetch_all(&mut **tx).await?;
+    Ok(fold_live(rows))
+}
+
+/// [`live`] on sqlx's native PostgreSQL driver (a live batch's fast path).
+pub async fn live_pg(conn: &mut sqlx::PgConnection, projection: &str, topic: &str) -> Result<Vec<LiveGeneration>, sqlx::Error> {
+    let rows: Vec<LiveRow> = sqlx::query_as(&live_sql()).bind(projection).bind(topic).fetch_all(conn).await?;
+    Ok(fold_live(rows))
+}
+
+/// (generation, partition, boundary), the partition's columns null for a
+/// generation without positions in the topic.
+type LiveRow = (i64, Option<i32>, Option<i64>);
+
+fn live_sql() -> String {
+    format!(
         "SELECT g.generation, p.kafka_partition, p.boundary_offset FROM projection_generations g \
          LEFT JOIN generation_positions p ON p.projection = g.projection AND p.generation = g.generation AND p.topic = $2 \
          WHERE g.projection = $1 AND g.{} ORDER BY g.generation",
         live_states_sql()
-    );
-    let rows = sqlx::query(&sql).bind(projection).bind(topic).fetch_all(&mut **tx).await?;
+    )
+}
+
+fn fold_live(rows: Vec<LiveRow>) -> Vec<LiveGeneration> {
     let mut out: Vec<LiveGeneration> = Vec::new();
-    for row in rows {
-        let generation: i64 = row.try_get("generation")?;
+    for (generation, partition, boundary) in rows {
         if out.last().is_none_or(|g| g.generation != generation) {
             out.push(LiveGeneration { generation, boundaries: BTreeMap::new() });
         }
-        let partition: Option<i32> = row.try_get("kafka_partition")?;
-        let boundary: Option<i64> = row.try_get("boundary_offset")?;
         if let (Some(partition), Some(boundary), Some(last)) = (partition, boundary, out.last_mut()) {
             last.boundaries.insert(partition, boundary);
         }
     }
-    Ok(out)
+    out
 }
 
 /// A generation's replay positions, by partition.

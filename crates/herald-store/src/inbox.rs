@@ -167,11 +167,13 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
     Ok(row.try_get("n")?)
 }
 
-/// One record a replay admits on PostgreSQL's native driver.
+/// One record admitted on PostgreSQL's native driver (a replay, a live
+/// batch's fast path).
 #[derive(Debug, Clone, Copy)]
 pub struct PgEntry<'a> {
     pub key: &'a EventKey,
     pub event_type: &'a str,
+    pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
 }
@@ -181,44 +183,39 @@ pub struct PgEntry<'a> {
 /// bind arrays, and multi-row `VALUES` through it spends most of a replay's
 /// time in the client (BENCHMARKS.md "Rebuild"). Returns (source, id) of
 /// the keys seen for the first time.
-pub async fn admit_batch_pg(
-    conn: &mut sqlx::PgConnection,
-    scope: &str,
-    topic: &str,
-    entries: &[PgEntry<'_>],
-) -> Result<HashSet<(String, String)>, sqlx::Error> {
-    // A replay's scope is new, so conflicts are rare (a resumed batch):
-    // a plain insert behind a savepoint first, as in `admit_batch`.
+pub async fn admit_batch_pg(conn: &mut sqlx::PgConnection, scope: &str, entries: &[PgEntry<'_>]) -> Result<HashSet<EventKey>, sqlx::Error> {
+    // Conflicts are rare (a redelivery, a resumed replay): a plain insert
+    // behind a savepoint first, as in `admit_batch`.
     sqlx::query("SAVEPOINT replay_admit").execute(&mut *conn).await?;
-    match insert_pg(conn, scope, topic, entries, "").await {
-        Ok(_) => return Ok(entries.iter().map(|e| (e.key.source.clone(), e.key.id.clone())).collect()),
+    match insert_pg(conn, scope, entries, "").await {
+        Ok(_) => return Ok(entries.iter().map(|e| e.key.clone()).collect()),
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
             sqlx::query("ROLLBACK TO SAVEPOINT replay_admit").execute(&mut *conn).await?;
         }
         Err(e) => return Err(e),
     }
     let tail = " ON CONFLICT (subscription, source, event_id) DO NOTHING RETURNING source, event_id";
-    Ok(insert_pg(conn, scope, topic, entries, tail).await?.into_iter().collect())
+    Ok(insert_pg(conn, scope, entries, tail).await?.into_iter().map(|(source, id)| EventKey { source, id }).collect())
 }
 
 async fn insert_pg(
     conn: &mut sqlx::PgConnection,
     scope: &str,
-    topic: &str,
     entries: &[PgEntry<'_>],
     tail: &str,
 ) -> Result<Vec<(String, String)>, sqlx::Error> {
     let sql = format!(
         "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) \
-         SELECT $1, s, i, t, $2, p, o, $3 FROM UNNEST($4::text[], $5::text[], $6::text[], $7::int4[], $8::int8[]) AS u(s, i, t, p, o){tail}"
+         SELECT $1, s, i, t, tp, p, o, $2 FROM UNNEST($3::text[], $4::text[], $5::text[], $6::text[], $7::int4[], $8::int8[]) \
+         AS u(s, i, t, tp, p, o){tail}"
     );
     sqlx::query_as::<_, (String, String)>(&sql)
         .bind(scope)
-        .bind(topic)
         .bind(now_ms())
         .bind(entries.iter().map(|e| e.key.source.as_str()).collect::<Vec<_>>())
         .bind(entries.iter().map(|e| e.key.id.as_str()).collect::<Vec<_>>())
         .bind(entries.iter().map(|e| e.event_type).collect::<Vec<_>>())
+        .bind(entries.iter().map(|e| e.topic).collect::<Vec<_>>())
         .bind(entries.iter().map(|e| e.partition).collect::<Vec<_>>())
         .bind(entries.iter().map(|e| e.offset).collect::<Vec<_>>())
         .fetch_all(&mut *conn)

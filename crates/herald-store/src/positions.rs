@@ -33,6 +33,30 @@ pub async fn advance(tx: &mut Tx<'_>, subscription: &str, topic: &str, next: &BT
     Ok(())
 }
 
+/// [`advance`] on sqlx's native PostgreSQL driver (a live batch's fast
+/// path): every partition in one statement, inserted — and so locked — in
+/// partition order like the statements of [`advance`].
+pub async fn advance_pg(
+    conn: &mut sqlx::PgConnection,
+    subscription: &str,
+    topic: &str,
+    next: &BTreeMap<i32, i64>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO subscription_positions (subscription, topic, kafka_partition, next_offset) \
+         SELECT $1, $2, p, n FROM UNNEST($3::int4[], $4::int8[]) AS u(p, n) ORDER BY p \
+         ON CONFLICT (subscription, topic, kafka_partition) DO UPDATE SET \
+         next_offset = GREATEST(subscription_positions.next_offset, excluded.next_offset)",
+    )
+    .bind(subscription)
+    .bind(topic)
+    .bind(next.keys().copied().collect::<Vec<i32>>())
+    .bind(next.values().copied().collect::<Vec<i64>>())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Locks one partition's position row until `tx` ends, moving nothing: the
 /// lock every batch takes first, taken by a dead letter's redrive or
 /// discard so that it and a batch parking records of the same key
