@@ -153,28 +153,19 @@ impl<H: Handler> Applier<'_, H> {
 
     async fn try_batch(&self, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
         // Nothing to park or dead-letter: the native path has no statements for either.
-        let plain = self.order == Order::None && !parsed.iter().any(|p| matches!(p, Parsed::Poison(_)));
-        match self.native {
-            Some(pool) if plain => self.try_batch_pg(pool, batch, parsed).await,
-            _ => self.try_batch_any(batch, parsed).await,
+        if let Some(pool) = self.native
+            && self.order == Order::None
+            && let Some(plain) = Plain::of(batch, parsed)
+        {
+            return self.try_batch_pg(pool, batch, plain).await;
         }
+        self.try_batch_any(batch, parsed).await
     }
 
     /// [`Applier::try_batch_any`] for a batch without undecodable records
     /// and without per-key order, on sqlx's native PostgreSQL driver.
-    async fn try_batch_pg(&self, pool: &PgPool, batch: &[OwnedMessage], parsed: &[Parsed]) -> Result<Counts, HandlerError> {
-        let mut counts = Counts::default();
-        let mut seen = HashSet::new();
-        let mut candidates = Vec::new();
-        for (msg, p) in batch.iter().zip(parsed) {
-            match p {
-                Parsed::Event(event) if seen.insert(&event.key) => candidates.push((msg, event)),
-                Parsed::Event(_) => counts.duplicates += 1,
-                Parsed::Skip => counts.skipped += 1,
-                // `try_batch` sends batches with one to `try_batch_any`.
-                Parsed::Poison(_) => return Err(HandlerError::Reject("undecodable record on the native path".into())),
-            }
-        }
+    async fn try_batch_pg(&self, pool: &PgPool, batch: &[OwnedMessage], plain: Plain<'_>) -> Result<Counts, HandlerError> {
+        let Plain { mut counts, candidates } = plain;
         let mut entries: Vec<PgEntry<'_>> = candidates
             .iter()
             .map(|(msg, e)| PgEntry {
@@ -188,8 +179,7 @@ impl<H: Handler> Applier<'_, H> {
         // Keys in one order in every transaction, as `admit_batch` sorts them.
         entries.sort_by(|a, b| a.key.cmp(b.key));
         let time = &self.metrics.time;
-        let started = Instant::now();
-        let mut lap = started;
+        let mut lap = Instant::now();
         let mut tx = pool.begin().await.map_err(StoreError::from)?;
         for (topic, next) in next_offsets(batch) {
             positions::advance_pg(&mut tx, self.subscription, topic, &next).await.map_err(StoreError::from)?;
@@ -202,7 +192,6 @@ impl<H: Handler> Applier<'_, H> {
         StageTimes::lap(&time.handler_us, &mut lap);
         tx.commit().await.map_err(StoreError::from)?;
         StageTimes::lap(&time.commit_us, &mut lap);
-        StageTimes::lap(&time.transaction_us, &mut started.clone());
         counts.applied = new.len() as u64;
         counts.duplicates += (candidates.len() - new.len()) as u64;
         Ok(counts)
@@ -215,8 +204,7 @@ impl<H: Handler> Applier<'_, H> {
         let mut candidates = Vec::new();
         let mut dead = Vec::new();
         let time = &self.metrics.time;
-        let started = Instant::now();
-        let mut lap = started;
+        let mut lap = Instant::now();
         let mut tx = self.db.begin().await?;
         advance_positions(&mut tx, self.subscription, batch).await?;
         StageTimes::lap(&time.begin_us, &mut lap);
@@ -257,7 +245,6 @@ impl<H: Handler> Applier<'_, H> {
         StageTimes::lap(&time.handler_us, &mut lap);
         tx.commit().await.map_err(StoreError::from)?;
         StageTimes::lap(&time.commit_us, &mut lap);
-        StageTimes::lap(&time.transaction_us, &mut started.clone());
         dead.iter().for_each(letters::log_dead);
         counts.dead = dead.len() as u64;
         counts.applied = new.len() as u64;
@@ -399,6 +386,30 @@ impl<H: Handler> Applier<'_, H> {
         }
         tx.commit().await?;
         Ok(verdict)
+    }
+}
+
+/// A batch the native path can apply — nothing undecodable in it — sorted
+/// into the events seen first in it and what the rest count as.
+struct Plain<'b> {
+    counts: Counts,
+    candidates: Vec<(&'b OwnedMessage, &'b DecodedEvent)>,
+}
+
+impl<'b> Plain<'b> {
+    /// `None` when a record is undecodable: its dead letter needs the shared path.
+    fn of(batch: &'b [OwnedMessage], parsed: &'b [Parsed]) -> Option<Plain<'b>> {
+        let mut plain = Plain { counts: Counts::default(), candidates: Vec::new() };
+        let mut seen = HashSet::new();
+        for (msg, p) in batch.iter().zip(parsed) {
+            match p {
+                Parsed::Event(event) if seen.insert(&event.key) => plain.candidates.push((msg, event)),
+                Parsed::Event(_) => plain.counts.duplicates += 1,
+                Parsed::Skip => plain.counts.skipped += 1,
+                Parsed::Poison(_) => return None,
+            }
+        }
+        Some(plain)
     }
 }
 

@@ -35,13 +35,13 @@ pub struct StageTimes {
     pub receive_us: AtomicU64,
     /// A lane waiting for its next batch's decoding.
     pub decode_wait_us: AtomicU64,
-    /// Batch transactions, from `BEGIN` to the commit's answer; of which:
-    pub transaction_us: AtomicU64,
-    /// `BEGIN` and the positions' advance (the batch's first statement);
+    /// A batch transaction, from `BEGIN` to the commit's answer, in stages
+    /// (the snapshot adds them up as `transaction`): `BEGIN` and the
+    /// positions' advance (the batch's first statement),
     pub begin_us: AtomicU64,
-    /// the inbox rows (and, on the shared path, dead letters and parking);
+    /// the inbox rows (and, on the shared path, dead letters and parking),
     pub inbox_us: AtomicU64,
-    /// the handler's write;
+    /// the handler's write,
     pub handler_us: AtomicU64,
     /// the commit.
     pub commit_us: AtomicU64,
@@ -58,14 +58,15 @@ impl StageTimes {
     /// Every stage in microseconds, by name.
     pub fn snapshot(&self) -> [(&'static str, u64); 7] {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let stages = [get(&self.begin_us), get(&self.inbox_us), get(&self.handler_us), get(&self.commit_us)];
         [
             ("receive", get(&self.receive_us)),
             ("decode_wait", get(&self.decode_wait_us)),
-            ("transaction", get(&self.transaction_us)),
-            ("begin_positions", get(&self.begin_us)),
-            ("inbox", get(&self.inbox_us)),
-            ("handler", get(&self.handler_us)),
-            ("commit", get(&self.commit_us)),
+            ("transaction", stages.iter().sum()),
+            ("begin_positions", stages[0]),
+            ("inbox", stages[1]),
+            ("handler", stages[2]),
+            ("commit", stages[3]),
         ]
     }
 }
