@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use herald_envelope::EventKey;
 use herald_store::inbox::{self, Delivery, Entry, PgEntry};
-use herald_store::{Backend, Db, generations};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use herald_store::{Db, generations};
+use sqlx::postgres::PgPool;
 
 use crate::ReplayError;
 use crate::projection::Projection;
@@ -43,11 +43,9 @@ struct Item<'a, F> {
 
 impl<'p, P: Projection> Writer<'p, P> {
     pub async fn open(db: &Db, projection: &'p P, generation: i64, scope: &str, topic: &str) -> Result<Writer<'p, P>, ReplayError> {
-        let target = match db.backend() {
-            // One connection per lane, plus one spare.
-            Backend::Postgres if P::WRITES_PG => Target::Postgres(PgPoolOptions::new().max_connections(3).connect(db.url()).await?),
-            _ => Target::Any(db.clone()),
-        };
+        // One connection per lane, plus one spare.
+        let native = if P::WRITES_PG { db.native_postgres(3)? } else { None };
+        let target = native.map_or_else(|| Target::Any(db.clone()), Target::Postgres);
         Ok(Writer { projection, target, generation, scope: scope.to_owned(), topic: topic.to_owned() })
     }
 

@@ -10,12 +10,11 @@ use std::time::Duration;
 use herald_envelope::Registry;
 use herald_envelope::legacy::SOURCE_ALIASES;
 use herald_fault::{Hook, Point};
-use herald_store::{Backend, Db, inbox};
+use herald_store::{Db, inbox};
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
-use sqlx::postgres::{PgPool, PgPoolOptions};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -110,7 +109,9 @@ pub async fn run_subscription<H: Handler>(
     consumer.subscribe(&topics)?;
     let order = options.order.unwrap_or_else(|| handler.order());
     info!(subscription = %subscription.name, group = %subscription.group, ?topics, %order, "subscription started");
-    let native = native_pool(db, handler, options);
+    // The handler's native path: a connection per lane and a spare.
+    let native =
+        if handler.applies_pg() { db.native_postgres(u32::try_from(options.lanes).unwrap_or(u32::MAX).saturating_add(1))? } else { None };
     let applier = Applier { db, native: native.as_ref(), subscription: &subscription.name, handler, options, order, metrics };
     let committed = AtomicU64::new(0);
     while let Some(records) = collect(&consumer, options, &metrics.time, &shutdown).await {
@@ -142,23 +143,6 @@ pub async fn run_subscription<H: Handler>(
     let snapshot = metrics.snapshot();
     info!(subscription = %subscription.name, applied = snapshot.applied, ?snapshot, "subscription stopped");
     Ok(snapshot)
-}
-
-/// The pool of the handler's native PostgreSQL path ([`Handler::applies_pg`]):
-/// a connection per lane and a spare, opened on first use, so that an
-/// outage then is a batch's retryable failure like any other.
-fn native_pool<H: Handler>(db: &Db, handler: &H, options: &SubscriptionOptions) -> Option<PgPool> {
-    if db.backend() != Backend::Postgres || !handler.applies_pg() {
-        return None;
-    }
-    let connections = u32::try_from(options.lanes).unwrap_or(u32::MAX).saturating_add(1);
-    match PgPoolOptions::new().max_connections(connections).connect_lazy(db.url()) {
-        Ok(pool) => Some(pool),
-        Err(e) => {
-            warn!(error = %e, "the native PostgreSQL path cannot parse the database URL; every batch takes the shared path");
-            None
-        }
-    }
 }
 
 /// The start-up's database work, tried again while the database is

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use herald_secret::SecretUrl;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AnyPool, Executor};
 
 use crate::StoreError;
@@ -182,6 +183,21 @@ impl Db {
             Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Backend::Postgres => self.pool.begin().await?,
         })
+    }
+
+    /// A pool of sqlx's native PostgreSQL driver on the same database, for
+    /// the hot paths that bind arrays (`Any` cannot): at most `connections`
+    /// sessions, opened on first use, so an outage then fails that use
+    /// (retryably) rather than this call. `None` on SQLite.
+    pub fn native_postgres(&self, connections: u32) -> Result<Option<PgPool>, StoreError> {
+        match self.backend {
+            Backend::Sqlite => Ok(None),
+            Backend::Postgres => {
+                let options = PgConnectOptions::from_str(self.url.expose())
+                    .map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?;
+                Ok(Some(PgPoolOptions::new().max_connections(connections).connect_lazy_with(options)))
+            }
+        }
     }
 
     /// News of outbox rows committed through this process's handles
