@@ -535,3 +535,60 @@ async fn rebalance_mid_stream_postgres_mock_cluster() -> anyhow::Result<()> {
 async fn rebalance_mid_stream_postgres_real_broker() -> anyhow::Result<()> {
     rebalance_mid_stream(Database::Postgres, Broker::Real, false).await
 }
+
+/// The next poll is received while the lanes apply the last one, so a
+/// revocation can come while a batch is committed in the database and its
+/// offsets not yet stored (held at the fault point). It waits: the lanes
+/// store their offsets and start no other batch, then the offsets are
+/// committed and the partitions given up — the handoff redelivers nothing.
+/// The first member's receive is idle on a drained topic while it is held
+/// (one poll took every record: a `max_wait` longer than the fetch), so the
+/// revocation is delivered inside that receive.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_revocation_during_a_batch_waits_for_its_offsets() -> anyhow::Result<()> {
+    let bed = bed(Database::Postgres, Broker::Real).await?;
+    bed.publish(&bed.events(0, 40)?).await?;
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let hook = {
+        let (paused, release) = (paused.clone(), release.clone());
+        herald_fault::Hook::new(move |site| {
+            let (paused, release) = (paused.clone(), release.clone());
+            async move {
+                if site.point == herald_fault::Point::AfterCommit && site.n == 2 {
+                    paused.notify_one();
+                    release.notified().await;
+                }
+                herald_fault::Action::Continue
+            }
+        })
+    };
+    let held = SubscriptionOptions { max_batch: 10, max_wait: Duration::from_secs(3), faults: hook, ..SubscriptionOptions::default() };
+    let a = bed.start_with(Name::Stats, held);
+    paused.notified().await;
+    let b = bed.start_with(Name::Stats, SubscriptionOptions { max_batch: 10, ..SubscriptionOptions::default() });
+    let ma = a.metrics.clone();
+    eventually("the first member's revocation to wait for its lanes", || {
+        let ma = ma.clone();
+        async move { Ok(ma.snapshot().revocations_deferred > 0) }
+    })
+    .await?;
+    assert_eq!(a.metrics.snapshot().assigned, PARTITIONS as u64, "partitions are kept while the batch is held");
+    release.notify_one();
+    let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
+    eventually("both members to hold partitions", || {
+        let (ma, mb) = (ma.clone(), mb.clone());
+        async move {
+            let (sa, sb) = (ma.snapshot(), mb.snapshot());
+            Ok(sa.assigned > 0 && sb.assigned > 0 && sa.assigned + sb.assigned == PARTITIONS as u64)
+        }
+    })
+    .await?;
+    bed.publish(&bed.events(40, 100)?).await?;
+    wait_inbox(&bed, Name::Stats, 140).await?;
+    let (sa, sb) = (a.stop().await?, b.stop().await?);
+    assert_eq!(sa.applied + sb.applied, 140, "each event applied once: {sa:?} {sb:?}");
+    assert_eq!(stats::total_exports(&bed.db).await?, 140, "no count twice, none lost");
+    assert_eq!(sa.duplicates + sb.duplicates, 0, "nothing applied was redelivered across the handoff: {sa:?} {sb:?}");
+    Ok(())
+}

@@ -23,6 +23,9 @@ pub struct Metrics {
     pub retries: AtomicU64,
     /// Partitions this member holds now; written by the rebalance callbacks.
     pub assigned: Arc<AtomicU64>,
+    /// Revocations that arrived while lanes were applying and waited for
+    /// their offsets to be stored before the partitions were given up.
+    pub revocations_deferred: Arc<AtomicU64>,
     /// Where the time goes, in microseconds summed over lanes (the
     /// benchmark prints it per 1,000 events).
     pub time: StageTimes,
@@ -31,7 +34,8 @@ pub struct Metrics {
 /// Microseconds spent per stage of the batching runtime.
 #[derive(Debug, Default)]
 pub struct StageTimes {
-    /// Receiving a poll's records from librdkafka (the lanes wait meanwhile).
+    /// Receiving a poll's records from librdkafka (while the lanes apply
+    /// the previous poll, except for the first).
     pub receive_us: AtomicU64,
     /// A lane waiting for its next batch's decoding.
     pub decode_wait_us: AtomicU64,
@@ -82,6 +86,7 @@ pub struct MetricsSnapshot {
     pub batches: u64,
     pub retries: u64,
     pub assigned: u64,
+    pub revocations_deferred: u64,
 }
 
 impl Metrics {
@@ -100,6 +105,7 @@ impl Metrics {
             batches: get(&self.batches),
             retries: get(&self.retries),
             assigned: get(&self.assigned),
+            revocations_deferred: get(&self.revocations_deferred),
         }
     }
 }

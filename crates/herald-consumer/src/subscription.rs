@@ -34,11 +34,12 @@ pub struct SubscriptionOptions {
     pub max_wait: Duration,
     /// Groups of partitions applied concurrently, each in its own transaction.
     pub lanes: usize,
-    /// Batches per lane received in one poll. Kafka is not polled while a
-    /// lane is in the database, so each poll ends with a pause (receiving,
-    /// decoding the first batch) in which the database idles: more batches
-    /// per poll, fewer pauses per event, at the cost of a longer wait before
-    /// a rebalance is served.
+    /// Batches per lane received in one poll. The next poll is received
+    /// while the lanes apply this one, but its first batches are decoded
+    /// only once every lane is done, so each poll still ends with a short
+    /// pause: more batches per poll, fewer pauses per event, at the cost of
+    /// more records received again by a partition's next owner after a
+    /// rebalance.
     pub batches_per_poll: usize,
     /// Attempts of a record the handler rejects before it is dead-lettered.
     pub max_attempts: u32,
@@ -101,10 +102,9 @@ pub async fn run_subscription<H: Handler>(
     if rewritten > 0 {
         info!(subscription = %subscription.name, rewritten, "inbox rows of legacy sources normalised");
     }
-    let consumer: StreamConsumer<SubscriptionContext> = subscription
-        .kafka
-        .consumer(&subscription.group)
-        .create_with_context(SubscriptionContext::new(&subscription.name, metrics.assigned.clone()))?;
+    let consumer: StreamConsumer<SubscriptionContext> = subscription.kafka.consumer(&subscription.group).create_with_context(
+        SubscriptionContext::new(&subscription.name, metrics.assigned.clone(), metrics.revocations_deferred.clone()),
+    )?;
     let topics: Vec<&str> = subscription.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
     let order = options.order.unwrap_or_else(|| handler.order());
@@ -114,22 +114,33 @@ pub async fn run_subscription<H: Handler>(
         if handler.applies_pg() { db.native_postgres(u32::try_from(options.lanes).unwrap_or(u32::MAX).saturating_add(1))? } else { None };
     let applier = Applier { db, native: native.as_ref(), subscription: &subscription.name, handler, options, order, metrics };
     let committed = AtomicU64::new(0);
-    while let Some(records) = collect(&consumer, options, &metrics.time, &shutdown).await {
+    let mut polled = collect(&consumer, options, &metrics.time, &shutdown).await.map(|records| plan(records, options));
+    while let Some(lanes) = polled.take() {
         // Partitions are independent: their records are split into up to
         // `lanes` groups applied concurrently (on PostgreSQL, in separate
         // transactions on separate connections), each lane a pipeline of
-        // batches decoded ahead on the blocking pool. Kafka is not polled
-        // again until every lane is done, so no rebalance can fall between a
-        // batch's commit and its stored offsets.
-        let lanes = split_lanes(records, options.lanes, options.max_batch);
-        let runs = lanes.into_iter().map(|batches| lane(&consumer, &applier, batches, &committed, &shutdown));
+        // batches decoded ahead on the blocking pool. The next poll is
+        // received (and its lanes' first batches decoded) meanwhile; a
+        // revocation it brings waits until the lanes have stored their
+        // offsets (`SubscriptionContext`).
+        let runs = lanes.into_iter().map(|planned| lane(&consumer, &applier, planned, &committed, &shutdown));
+        let (finished, next) = apply_while_receiving(
+            &consumer,
+            futures::future::join_all(runs),
+            |finished: &Vec<Result<bool, RunError>>| finished.iter().all(|f| matches!(f, Ok(true))),
+            options,
+            metrics,
+            &shutdown,
+        )
+        .await;
         let mut go_on = true;
-        for finished in futures::future::join_all(runs).await {
+        for finished in finished {
             go_on &= finished?;
         }
         if !go_on {
             break;
         }
+        polled = next;
     }
     // Commit what was stored before leaving the group, so a clean stop
     // redelivers nothing.
@@ -166,19 +177,78 @@ async fn normalise_sources_when_reachable(db: &Db, subscription: &str, shutdown:
     }
 }
 
-/// Applies `batches` (of partitions no other lane has) one after another,
-/// storing each batch's offsets after its commit. `false` on shutdown.
+/// Runs the lanes of one poll while receiving the next. Once the lanes are
+/// done (offsets stored), a revocation that arrived meanwhile is served;
+/// then the receive is finished — unless the lanes stopped or failed, in
+/// which case what it received is dropped (nothing of it was applied or
+/// stored).
+async fn apply_while_receiving<A: Future>(
+    consumer: &StreamConsumer<SubscriptionContext>,
+    apply: A,
+    go_on: impl Fn(&A::Output) -> bool,
+    options: &SubscriptionOptions,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> (A::Output, Option<Vec<Lane>>) {
+    consumer.context().applying();
+    let receive = collect(consumer, options, &metrics.time, shutdown);
+    tokio::pin!(apply, receive);
+    let mut received = None;
+    let finished = loop {
+        tokio::select! {
+            biased;
+            finished = &mut apply => break finished,
+            next = &mut receive, if received.is_none() => received = Some(next.map(|records| plan(records, options))),
+        }
+    };
+    consumer.context().applied(consumer);
+    let next = match received {
+        Some(next) => next,
+        None if go_on(&finished) => receive.await.map(|records| plan(records, options)),
+        None => None,
+    };
+    (finished, next)
+}
+
+/// One lane of a poll: its first batch already decoding, the rest waiting.
+struct Lane {
+    decoding: Decoding,
+    rest: std::vec::IntoIter<Vec<OwnedMessage>>,
+}
+
+type Decoding = tokio::task::JoinHandle<(Vec<OwnedMessage>, Decoded)>;
+
+/// Splits a poll into lanes and starts decoding each lane's first batch.
+fn plan(records: Vec<OwnedMessage>, options: &SubscriptionOptions) -> Vec<Lane> {
+    let lanes = split_lanes(records, options.lanes, options.max_batch);
+    lanes
+        .into_iter()
+        .filter_map(|batches| {
+            let mut rest = batches.into_iter();
+            rest.next().map(|first| Lane { decoding: spawn_decode(first, options.registry.clone()), rest })
+        })
+        .collect()
+}
+
+/// Applies a lane's batches (of partitions no other lane has) one after
+/// another, storing each batch's offsets after its commit. `false` on
+/// shutdown.
 async fn lane<H: Handler>(
     consumer: &StreamConsumer<SubscriptionContext>,
     applier: &Applier<'_, H>,
-    batches: Vec<Vec<OwnedMessage>>,
+    planned: Lane,
     committed: &AtomicU64,
     shutdown: &CancellationToken,
 ) -> Result<bool, RunError> {
-    let mut batches = batches.into_iter();
+    let Lane { decoding, rest: mut batches } = planned;
     let registry = &applier.options.registry;
-    let mut next = batches.next().map(|b| spawn_decode(b, registry.clone()));
+    let mut next = Some(decoding);
     while let Some(decoding) = next.take() {
+        if consumer.context().revocation_deferred() {
+            // Its partitions go to their next owner, which receives these
+            // records again from the offsets stored so far.
+            return Ok(true);
+        }
         let mut waiting = std::time::Instant::now();
         let (batch, decoded) = decoding.await.map_err(|e| RunError::Internal(e.to_string()))?;
         StageTimes::lap(&applier.metrics.time.decode_wait_us, &mut waiting);
@@ -194,7 +264,7 @@ async fn lane<H: Handler>(
     Ok(true)
 }
 
-fn spawn_decode(batch: Vec<OwnedMessage>, registry: Registry) -> tokio::task::JoinHandle<(Vec<OwnedMessage>, Decoded)> {
+fn spawn_decode(batch: Vec<OwnedMessage>, registry: Registry) -> Decoding {
     tokio::task::spawn_blocking(move || {
         let decoded = decode(&batch, &registry);
         (batch, decoded)
@@ -235,14 +305,17 @@ fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec
         .collect()
 }
 
-/// Receives up to `batches_per_poll × lanes × max_batch` records, waiting at most `max_wait` after the
-/// first. `None` on shutdown.
+/// Receives up to `batches_per_poll × lanes × max_batch` records, waiting at
+/// most `max_wait` after the first. `None` on shutdown.
 ///
 /// A rebalance can only run inside `recv()`. When one revoked partitions,
 /// the records of those partitions received *before* it are dropped: they
 /// were not applied, and whoever owns the partition now (maybe this process
 /// again) receives them again from the committed offset. Records received
-/// after it are kept — they come from the new assignment.
+/// after a revocation that was served are kept — they come from the new
+/// assignment. A revocation that waits for the lanes ends the receive: the
+/// partitions are still assigned, so what comes until it is served is
+/// dropped the same way.
 ///
 /// `time.receive_us` counts from the first record on: waiting for traffic
 /// is not work.
@@ -257,32 +330,34 @@ async fn collect(
         msg = consumer.recv() => msg,
     };
     let mut receiving = std::time::Instant::now();
-    consumer.context().take_revoked();
     // At least two batches per lane: one in the database while the next is decoded.
     let limit = options.max_batch.max(1) * options.lanes.max(1) * options.batches_per_poll.max(2);
     let mut batch = Vec::with_capacity(limit);
-    match first {
-        Ok(msg) => batch.push(msg.detach()),
-        Err(e) => {
-            warn!(error = %e, "kafka receive error");
-            return Some(batch);
-        }
-    }
+    let mut received: Result<_, tokio::time::error::Elapsed> = Ok(first);
     let deadline = Instant::now() + options.max_wait;
-    while batch.len() < limit {
-        let received = tokio::time::timeout_at(deadline, consumer.recv()).await;
+    loop {
         let revoked = consumer.context().take_revoked();
-        if !revoked.is_empty() {
-            batch.retain(|m| !revoked.contains(&(m.topic().to_owned(), m.partition())));
+        let deferred = consumer.context().revocation_deferred();
+        if !revoked.is_empty() && (deferred || !batch.is_empty()) {
+            batch.retain(|m: &OwnedMessage| !revoked.contains(&(m.topic().to_owned(), m.partition())));
         }
         match received {
-            Ok(Ok(msg)) => batch.push(msg.detach()),
+            Ok(Ok(msg)) => {
+                // After a revocation still waiting, the record is from the old assignment.
+                if !(deferred && revoked.contains(&(msg.topic().to_owned(), msg.partition()))) {
+                    batch.push(msg.detach());
+                }
+            }
             Ok(Err(e)) => {
                 warn!(error = %e, "kafka receive error");
                 break;
             }
             Err(_elapsed) => break,
         }
+        if deferred || batch.len() >= limit {
+            break;
+        }
+        received = tokio::time::timeout_at(deadline, consumer.recv()).await;
     }
     StageTimes::lap(&time.receive_us, &mut receiving);
     Some(batch)
