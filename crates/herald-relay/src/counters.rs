@@ -16,6 +16,9 @@ pub struct RelayCounters {
     pub fenced: AtomicU64,
     /// Batches whose progress was not recorded (store error, lost ack).
     pub unrecorded: AtomicU64,
+    /// Batches sent through the producer that lingers (full batches: a
+    /// backlog); the others went through the one that sends at once.
+    pub backlog_batches: AtomicU64,
     /// Slices claimed.
     pub claims: AtomicU64,
     /// Times a slice found nothing to read and began to wait.

@@ -32,37 +32,85 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     config
 }
 
-/// The producer, replaced when librdkafka reports it fatally broken (an
-/// idempotent producer that lost track of its sequence numbers refuses
-/// every further record).
-pub(crate) struct Publisher {
-    config: ClientConfig,
-    routes: Routes,
-    dataschema_base: Option<String>,
-    producer: Mutex<Arc<FutureProducer>>,
+/// How long the backlog producer waits to fill a request. A slice's batch
+/// spreads over many partitions, so a full batch alone makes small requests;
+/// waiting this long lets the batches of all the slices draining a backlog
+/// share requests, and the broker's work per request (replicated to every
+/// follower) is what bounds a relay on a real cluster.
+const BACKLOG_LINGER_MS: &str = "50";
+
+/// Which of the relay's two producers a batch goes through: a full batch
+/// (the slice has a backlog) through the one that lingers to fill requests,
+/// anything less through the one that sends at once, so a relay that keeps
+/// up adds no wait to an event's way to the topic. A slice sends a batch
+/// only after every verdict of the previous one, so its records are never
+/// in both producers at once and a key's order does not depend on which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Live,
+    Backlog,
 }
 
-impl Publisher {
-    /// The producer of `relay`'s settings (overrides, routes, schema base).
-    pub(crate) fn new(kafka: &KafkaConfig, relay: &RelayConfig) -> Result<Publisher, KafkaError> {
-        let mut config = producer_config(kafka);
-        for (key, value) in &relay.producer {
-            config.set(key, value);
-        }
+/// The producers, each replaced when librdkafka reports it fatally broken
+/// (an idempotent producer that lost track of its sequence numbers refuses
+/// every further record).
+pub(crate) struct Publisher {
+    live: Producer,
+    backlog: Producer,
+    routes: Routes,
+    dataschema_base: Option<String>,
+}
+
+struct Producer {
+    config: ClientConfig,
+    current: Mutex<Arc<FutureProducer>>,
+}
+
+impl Producer {
+    fn new(config: ClientConfig) -> Result<Producer, KafkaError> {
         let producer = config.create()?;
-        let (routes, dataschema_base) = (relay.routes.clone(), relay.dataschema_base.clone());
-        Ok(Publisher { config, routes, dataschema_base, producer: Mutex::new(Arc::new(producer)) })
+        Ok(Producer { config, current: Mutex::new(Arc::new(producer)) })
     }
 
     fn current(&self) -> Arc<FutureProducer> {
-        self.producer.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.current.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    fn replace(&self) {
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh),
+            Err(e) => error!(error = %e, "cannot create a new producer; retrying with the next batch"),
+        }
+    }
+}
+
+impl Publisher {
+    /// The producers of `relay`'s settings (overrides, routes, schema
+    /// base); a `linger.ms` among the overrides applies to both.
+    pub(crate) fn new(kafka: &KafkaConfig, relay: &RelayConfig) -> Result<Publisher, KafkaError> {
+        let mut live = producer_config(kafka);
+        let mut backlog = producer_config(kafka);
+        backlog.set("linger.ms", BACKLOG_LINGER_MS);
+        for (key, value) in &relay.producer {
+            live.set(key, value);
+            backlog.set(key, value);
+        }
+        let (routes, dataschema_base) = (relay.routes.clone(), relay.dataschema_base.clone());
+        Ok(Publisher { live: Producer::new(live)?, backlog: Producer::new(backlog)?, routes, dataschema_base })
+    }
+
+    fn producer(&self, lane: Lane) -> &Producer {
+        match lane {
+            Lane::Live => &self.live,
+            Lane::Backlog => &self.backlog,
+        }
     }
 
     /// Sends `rows` in order and returns one future per row resolving to the
     /// broker's verdict. Sending in order is what keeps a key's records in
     /// order: the idempotent producer never reorders within a partition.
-    pub(crate) async fn send_all(&self, rows: &[OutboxRow]) -> Vec<BoxFuture<'static, Result<(), PublishError>>> {
-        let producer = self.current();
+    pub(crate) async fn send_all(&self, rows: &[OutboxRow], lane: Lane) -> Vec<BoxFuture<'static, Result<(), PublishError>>> {
+        let producer = self.producer(lane).current();
         let mut verdicts = Vec::with_capacity(rows.len());
         for row in rows {
             let topic = self.routes.topic_for(&row.event.event_type, &row.event.topic);
@@ -71,16 +119,14 @@ impl Publisher {
         verdicts
     }
 
-    /// Called with a batch's verdicts: replaces a fatally failed producer.
-    pub(crate) fn check_fatal(&self, verdicts: &[Result<(), PublishError>]) {
+    /// Called with a batch's verdicts: replaces the batch's producer if it
+    /// failed fatally.
+    pub(crate) fn check_fatal(&self, verdicts: &[Result<(), PublishError>], lane: Lane) {
         if !verdicts.iter().any(|v| v.as_ref().is_err_and(|e| e.fatal)) {
             return;
         }
-        error!("kafka producer failed fatally; replacing it");
-        match self.config.create::<FutureProducer>() {
-            Ok(fresh) => *self.producer.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(fresh),
-            Err(e) => error!(error = %e, "cannot create a new producer; retrying with the next batch"),
-        }
+        error!(?lane, "kafka producer failed fatally; replacing it");
+        self.producer(lane).replace();
     }
 }
 

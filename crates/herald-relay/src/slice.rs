@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, warn};
 
 use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
+use crate::publish::Lane;
 use crate::relay::Shared;
 use crate::{Class, PublishError, RelayCounters};
 
@@ -143,13 +144,18 @@ impl Worker {
         let config = &self.shared.config;
         let step_done = (rows.len() as i64) < config.batch_size;
         let started = Instant::now();
-        let Some(verdicts) = self.publish(&rows, stop).await else {
+        // A full batch: the slice has a backlog.
+        let lane = if step_done { Lane::Live } else { Lane::Backlog };
+        if lane == Lane::Backlog {
+            RelayCounters::add(&self.shared.counters.backlog_batches, 1);
+        }
+        let Some(verdicts) = self.publish(&rows, lane, stop).await else {
             // Stopping with acknowledgements outstanding: record nothing.
             RelayCounters::add(&self.shared.counters.unrecorded, 1);
             return Some(End::Released);
         };
         RelayCounters::time(&self.shared.counters.publish_us, started);
-        self.shared.publisher.check_fatal(&verdicts);
+        self.shared.publisher.check_fatal(&verdicts, lane);
         let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
         let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
         let rows_n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
@@ -209,8 +215,8 @@ impl Worker {
 
     /// Sends the batch and awaits every verdict. `None` when asked to stop
     /// and the verdicts did not all come within the drain time.
-    async fn publish(&self, rows: &[OutboxRow], stop: &CancellationToken) -> Option<Vec<Result<(), PublishError>>> {
-        let deliveries = self.shared.publisher.send_all(rows).await;
+    async fn publish(&self, rows: &[OutboxRow], lane: Lane, stop: &CancellationToken) -> Option<Vec<Result<(), PublishError>>> {
+        let deliveries = self.shared.publisher.send_all(rows, lane).await;
         RelayCounters::add(&self.shared.counters.sent, rows.len());
         let all = join_all(deliveries);
         tokio::pin!(all);

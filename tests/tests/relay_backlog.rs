@@ -1,0 +1,41 @@
+//! A slice with a backlog sends its full batches through the relay's
+//! producer that lingers to fill requests, and what is left (a partial
+//! batch: the slice caught up) through the one that sends at once; a key's
+//! records stay in commit order across the switch, on both databases.
+
+mod relay_support;
+
+use herald_relay::RelayConfig;
+use herald_testkit::kafka::first_occurrences_by_key;
+use relay_support::{bench, config, stat};
+
+async fn a_backlog_goes_through_the_lingering_producer_in_order(postgres: bool) -> anyhow::Result<()> {
+    let b = bench(postgres).await?;
+    let keys: Vec<String> = (0..111).map(|i| format!("backlog-{}", i % 3)).collect();
+    let ids = b.append(&keys.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    let relay = b.start(RelayConfig { batch_size: 10, ..config("backlog") })?;
+    b.wait_count(&b.delivered(), 111).await?;
+    let stats = relay.stats.clone();
+    relay.stop().await?;
+
+    let (backlog, sent) = (stat(&stats.backlog_batches), stat(&stats.sent));
+    assert!(backlog >= 3, "full batches went through the lingering producer: {backlog}");
+    assert!(sent > backlog * 10, "the rest went through the other producer: {sent} sent, {backlog} full batches");
+    let published = first_occurrences_by_key(&b.records()?);
+    for key in 0..3 {
+        let key = format!("backlog-{key}");
+        let want: Vec<String> = ids.iter().zip(&keys).filter(|(_, k)| **k == key).map(|(id, _)| id.clone()).collect();
+        assert_eq!(published[&key], want, "{key} in commit order");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_goes_through_the_lingering_producer_in_order_postgres() -> anyhow::Result<()> {
+    a_backlog_goes_through_the_lingering_producer_in_order(true).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backlog_goes_through_the_lingering_producer_in_order_sqlite() -> anyhow::Result<()> {
+    a_backlog_goes_through_the_lingering_producer_in_order(false).await
+}
