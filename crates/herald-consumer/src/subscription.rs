@@ -34,10 +34,10 @@ pub struct SubscriptionOptions {
     pub max_wait: Duration,
     /// Groups of partitions applied concurrently, each in its own transaction.
     pub lanes: usize,
-    /// Batches per lane received in one poll. The next poll is received
-    /// while the lanes apply this one, but its first batches are decoded
-    /// only once every lane is done, so each poll still ends with a short
-    /// pause: more batches per poll, fewer pauses per event, at the cost of
+    /// Batches per lane received in one poll. The next poll is received,
+    /// and its lanes' first batches decoded, while the lanes apply this
+    /// one; each poll still ends when its slowest lane does, so more
+    /// batches per poll means fewer such ends per event, at the cost of
     /// more records received again by a partition's next owner after a
     /// rebalance.
     pub batches_per_poll: usize,
