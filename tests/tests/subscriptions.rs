@@ -473,6 +473,40 @@ async fn retryable_failure_pauses_and_never_dead_letters() -> anyhow::Result<()>
 
 // --- rebalance handoff -----------------------------------------------------------
 
+/// A fault hook that holds the `n`th committed batch before its offsets are
+/// stored: `paused` is notified when it is held, `release` lets it go.
+fn hold_after_commit(n: i64) -> (herald_fault::Hook, Arc<tokio::sync::Notify>, Arc<tokio::sync::Notify>) {
+    let paused = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let hook = {
+        let (paused, release) = (paused.clone(), release.clone());
+        herald_fault::Hook::new(move |site| {
+            let (paused, release) = (paused.clone(), release.clone());
+            async move {
+                if site.point == herald_fault::Point::AfterCommit && site.n == n {
+                    paused.notify_one();
+                    release.notified().await;
+                }
+                herald_fault::Action::Continue
+            }
+        })
+    };
+    (hook, paused, release)
+}
+
+/// Waits until both members hold partitions and together hold them all.
+async fn both_hold_partitions(a: &Running, b: &Running) -> anyhow::Result<()> {
+    let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
+    eventually("both members to hold partitions", || {
+        let (ma, mb) = (ma.clone(), mb.clone());
+        async move {
+            let (sa, sb) = (ma.snapshot(), mb.snapshot());
+            Ok(sa.assigned > 0 && sb.assigned > 0 && sa.assigned + sb.assigned == PARTITIONS as u64)
+        }
+    })
+    .await
+}
+
 /// A second member joins while the first has a batch committed in the
 /// database but its offsets not yet stored (held at the fault point). The
 /// first finishes, commits before releasing partitions, and the two go on
@@ -486,34 +520,12 @@ async fn retryable_failure_pauses_and_never_dead_letters() -> anyhow::Result<()>
 async fn rebalance_mid_stream(database: Database, broker: Broker, redelivery_possible: bool) -> anyhow::Result<()> {
     let bed = bed(database, broker).await?;
     bed.publish(&bed.events(0, 100)?).await?;
-    let paused = Arc::new(tokio::sync::Notify::new());
-    let release = Arc::new(tokio::sync::Notify::new());
-    let hook = {
-        let (paused, release) = (paused.clone(), release.clone());
-        herald_fault::Hook::new(move |site| {
-            let (paused, release) = (paused.clone(), release.clone());
-            async move {
-                if site.point == herald_fault::Point::AfterCommit && site.n == 2 {
-                    paused.notify_one();
-                    release.notified().await;
-                }
-                herald_fault::Action::Continue
-            }
-        })
-    };
+    let (hook, paused, release) = hold_after_commit(2);
     let a = bed.start_with(Name::Stats, SubscriptionOptions { max_batch: 10, faults: hook, ..SubscriptionOptions::default() });
     paused.notified().await;
     let b = bed.start_with(Name::Stats, SubscriptionOptions { max_batch: 10, ..SubscriptionOptions::default() });
     release.notify_one();
-    let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
-    eventually("both members to hold partitions", || {
-        let (ma, mb) = (ma.clone(), mb.clone());
-        async move {
-            let (sa, sb) = (ma.snapshot(), mb.snapshot());
-            Ok(sa.assigned > 0 && sb.assigned > 0 && sa.assigned + sb.assigned == PARTITIONS as u64)
-        }
-    })
-    .await?;
+    both_hold_partitions(&a, &b).await?;
     bed.publish(&bed.events(100, 100)?).await?;
     wait_inbox(&bed, Name::Stats, 200).await?;
     let (sa, sb) = (a.stop().await?, b.stop().await?);
@@ -548,21 +560,7 @@ async fn rebalance_mid_stream_postgres_real_broker() -> anyhow::Result<()> {
 async fn a_revocation_during_a_batch_waits_for_its_offsets() -> anyhow::Result<()> {
     let bed = bed(Database::Postgres, Broker::Real).await?;
     bed.publish(&bed.events(0, 40)?).await?;
-    let paused = Arc::new(tokio::sync::Notify::new());
-    let release = Arc::new(tokio::sync::Notify::new());
-    let hook = {
-        let (paused, release) = (paused.clone(), release.clone());
-        herald_fault::Hook::new(move |site| {
-            let (paused, release) = (paused.clone(), release.clone());
-            async move {
-                if site.point == herald_fault::Point::AfterCommit && site.n == 2 {
-                    paused.notify_one();
-                    release.notified().await;
-                }
-                herald_fault::Action::Continue
-            }
-        })
-    };
+    let (hook, paused, release) = hold_after_commit(2);
     let held = SubscriptionOptions { max_batch: 10, max_wait: Duration::from_secs(3), faults: hook, ..SubscriptionOptions::default() };
     let a = bed.start_with(Name::Stats, held);
     paused.notified().await;
@@ -575,15 +573,7 @@ async fn a_revocation_during_a_batch_waits_for_its_offsets() -> anyhow::Result<(
     .await?;
     assert_eq!(a.metrics.snapshot().assigned, PARTITIONS as u64, "partitions are kept while the batch is held");
     release.notify_one();
-    let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
-    eventually("both members to hold partitions", || {
-        let (ma, mb) = (ma.clone(), mb.clone());
-        async move {
-            let (sa, sb) = (ma.snapshot(), mb.snapshot());
-            Ok(sa.assigned > 0 && sb.assigned > 0 && sa.assigned + sb.assigned == PARTITIONS as u64)
-        }
-    })
-    .await?;
+    both_hold_partitions(&a, &b).await?;
     bed.publish(&bed.events(40, 100)?).await?;
     wait_inbox(&bed, Name::Stats, 140).await?;
     let (sa, sb) = (a.stop().await?, b.stop().await?);
