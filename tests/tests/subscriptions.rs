@@ -553,9 +553,10 @@ async fn rebalance_mid_stream_postgres_real_broker() -> anyhow::Result<()> {
 /// offsets not yet stored (held at the fault point). It waits: the lanes
 /// store their offsets and start no other batch, then the offsets are
 /// committed and the partitions given up — the handoff redelivers nothing.
-/// The first member's receive is idle on a drained topic while it is held
-/// (one poll took every record: a `max_wait` longer than the fetch), so the
-/// revocation is delivered inside that receive.
+/// The first member's next receive waits while the batch is held (a
+/// `max_wait` longer than the hold keeps a receive going while the lanes
+/// are busy), so the revocation is delivered inside that receive; what it
+/// received before must not be applied after the handoff.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_revocation_during_a_batch_waits_for_its_offsets() -> anyhow::Result<()> {
     let bed = bed(Database::Postgres, Broker::Real).await?;

@@ -16,13 +16,13 @@ use herald_store::{Db, StoreError, Tx, positions};
 use rdkafka::message::{Message, OwnedMessage};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::{debug, error, warn};
 
 use crate::handler::Record;
 use crate::letters::{self, Backoff};
 use crate::metrics::{Metrics, StageTimes};
 use crate::parking::{self, Blocked, Verdict};
-use crate::{Handler, HandlerError, Order, SubscriptionOptions};
+use crate::{Handler, HandlerError, Order, SubscriptionOptions, WritePath};
 
 /// Each record of a batch decoded (or why not), in the batch's order.
 pub(crate) type Decoded = Vec<Result<DecodedEvent, String>>;
@@ -46,7 +46,7 @@ enum Parsed {
     Poison(String),
 }
 
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct Counts {
     applied: u64,
     duplicates: u64,
@@ -81,7 +81,8 @@ impl<H: Handler> Applier<'_, H> {
                     self.count(&counts);
                     return true;
                 }
-                Err(HandlerError::Retryable(reason)) => {
+                // A conflict the native path did not resolve itself: pause and try again.
+                Err(HandlerError::Retryable(reason) | HandlerError::Conflict(reason)) => {
                     warn!(subscription = self.subscription, %reason, "batch failed, retryable; pausing");
                     Metrics::add(&self.metrics.retries, 1);
                     if !backoff.wait(shutdown).await {
@@ -163,10 +164,32 @@ impl<H: Handler> Applier<'_, H> {
     }
 
     /// [`Applier::try_batch_any`] for a batch without undecodable records
-    /// and without per-key order, on sqlx's native PostgreSQL driver.
+    /// and without per-key order, on sqlx's native PostgreSQL driver: plain
+    /// inserts first, and only if a row was already there (a redelivery, a
+    /// rewind, a competing member) the same batch again in a new transaction,
+    /// resolving what is there.
     async fn try_batch_pg(&self, pool: &PgPool, batch: &[OwnedMessage], plain: Plain<'_>) -> Result<Counts, HandlerError> {
-        let Plain { mut counts, candidates } = plain;
-        let mut entries: Vec<PgEntry<'_>> = candidates
+        match self.try_batch_pg_on(pool, batch, &plain, WritePath::Plain).await {
+            Err(HandlerError::Conflict(reason)) => {
+                debug!(subscription = self.subscription, %reason, "batch met rows already there; applying it again, resolving them");
+                self.try_batch_pg_on(pool, batch, &plain, WritePath::Upsert).await
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// One transaction of [`Applier::try_batch_pg`]: positions, inbox rows
+    /// and the handler's writes, a statement each (round trips cost most on
+    /// a busy machine, so none is spent on a savepoint).
+    async fn try_batch_pg_on(
+        &self,
+        pool: &PgPool,
+        batch: &[OwnedMessage],
+        plain: &Plain<'_>,
+        path: WritePath,
+    ) -> Result<Counts, HandlerError> {
+        let mut entries: Vec<PgEntry<'_>> = plain
+            .candidates
             .iter()
             .map(|(msg, e)| PgEntry {
                 key: &e.key,
@@ -180,20 +203,25 @@ impl<H: Handler> Applier<'_, H> {
         entries.sort_by(|a, b| a.key.cmp(b.key));
         let time = &self.metrics.time;
         let mut lap = Instant::now();
-        let mut tx = pool.begin().await.map_err(StoreError::from)?;
-        for (topic, next) in next_offsets(batch) {
-            positions::advance_pg(&mut tx, self.subscription, topic, &next).await.map_err(StoreError::from)?;
-        }
+        let mut tx = positions::begin_advancing(pool, self.subscription, &next_offsets(batch)).await.map_err(StoreError::from)?;
         StageTimes::lap(&time.begin_us, &mut lap);
-        let first = inbox::admit_batch_pg(&mut tx, self.subscription, &entries).await.map_err(StoreError::from)?;
+        let new: Vec<Record<'_>> = match path {
+            WritePath::Plain => {
+                inbox::insert_batch_pg(&mut tx, self.subscription, &entries).await.map_err(HandlerError::from_plain_write)?;
+                plain.candidates.iter().map(|(msg, e)| record(msg, e)).collect()
+            }
+            WritePath::Upsert => {
+                let first = inbox::admit_batch_pg(&mut tx, self.subscription, &entries).await.map_err(StoreError::from)?;
+                plain.candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect()
+            }
+        };
         StageTimes::lap(&time.inbox_us, &mut lap);
-        let new: Vec<Record<'_>> = candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect();
-        self.handler.apply_pg(&mut tx, &new).await?;
+        self.handler.apply_pg(&mut tx, &new, path).await?;
         StageTimes::lap(&time.handler_us, &mut lap);
         tx.commit().await.map_err(StoreError::from)?;
         StageTimes::lap(&time.commit_us, &mut lap);
-        counts.applied = new.len() as u64;
-        counts.duplicates += (candidates.len() - new.len()) as u64;
+        let mut counts = Counts { applied: new.len() as u64, ..plain.counts };
+        counts.duplicates += (plain.candidates.len() - new.len()) as u64;
         Ok(counts)
     }
 
@@ -283,7 +311,7 @@ impl<H: Handler> Applier<'_, H> {
                 Ok(Single::Applied) => counts.applied += 1,
                 Ok(Single::Duplicate) => counts.duplicates += 1,
                 Ok(Single::Parked) => counts.parked += 1,
-                Err(HandlerError::Retryable(reason)) => {
+                Err(HandlerError::Retryable(reason) | HandlerError::Conflict(reason)) => {
                     warn!(subscription = self.subscription, id = %event.key.id, %reason, "record failed, retryable; pausing");
                     Metrics::add(&self.metrics.retries, 1);
                     if !backoff.wait(shutdown).await {

@@ -13,6 +13,24 @@ pub enum HandlerError {
     /// answer, so the record is set aside and the partition moves on.
     #[error("rejected: {0}")]
     Reject(String),
+    /// A plain native write ([`crate::WritePath::Plain`]) met a row already
+    /// there: its transaction is lost and nothing of it was applied; apply
+    /// the same batch again with [`crate::WritePath::Upsert`]. The engine
+    /// does; a handler never needs to return it otherwise.
+    #[error("conflict, apply again resolving it: {0}")]
+    Conflict(String),
+}
+
+impl HandlerError {
+    /// The error of a write on the [`crate::WritePath::Plain`] path: a unique
+    /// violation is a [`HandlerError::Conflict`], anything else what the store
+    /// makes of it.
+    pub fn from_plain_write(e: sqlx::Error) -> HandlerError {
+        match &e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => HandlerError::Conflict(db.message().to_owned()),
+            _ => StoreError::from(e).into(),
+        }
+    }
 }
 
 impl From<StoreError> for HandlerError {
@@ -42,7 +60,7 @@ pub enum ProcessError {
 impl From<HandlerError> for ProcessError {
     fn from(e: HandlerError) -> Self {
         match e {
-            HandlerError::Retryable(m) => ProcessError::Retryable(m),
+            HandlerError::Retryable(m) | HandlerError::Conflict(m) => ProcessError::Retryable(m),
             HandlerError::Reject(m) => ProcessError::Permanent(m),
         }
     }
@@ -91,7 +109,7 @@ impl ReplayError {
     pub fn is_retryable(&self) -> bool {
         match self {
             ReplayError::Store(e) => e.is_retryable(),
-            ReplayError::Projection(HandlerError::Retryable(_)) => true,
+            ReplayError::Projection(HandlerError::Retryable(_) | HandlerError::Conflict(_)) => true,
             _ => false,
         }
     }

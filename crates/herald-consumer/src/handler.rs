@@ -17,6 +17,21 @@ pub struct Record<'a> {
     pub offset: i64,
 }
 
+/// How a native write ([`Handler::apply_pg`], `Projection::write_pg`) meets
+/// rows already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WritePath {
+    /// Plain inserts and no savepoint: what nearly every batch needs, at the
+    /// least cost in statements and round trips. A row already there fails
+    /// the statement, and with it the transaction: return
+    /// [`HandlerError::Conflict`] ([`HandlerError::from_plain_write`]) and the
+    /// engine applies the batch again in a new transaction with `Upsert`.
+    Plain,
+    /// Rows already there are resolved as the write's own rules say
+    /// (`ON CONFLICT …`: a redelivery, a rewind, a replay meeting live traffic).
+    Upsert,
+}
+
 /// A projection or effect driven by events. `apply` runs inside the
 /// transaction that also records the inbox rows, and only with events the
 /// subscription has not applied before — each at most once per batch.
@@ -47,9 +62,15 @@ pub trait Handler: Send + Sync {
         false
     }
 
-    /// The same as [`Handler::apply`] on a native PostgreSQL connection.
-    fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>]) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        let _ = (tx, records);
+    /// The same as [`Handler::apply`] on a native PostgreSQL connection,
+    /// conflicts met as `path` says.
+    fn apply_pg(
+        &self,
+        tx: &mut PgConnection,
+        records: &[Record<'_>],
+        path: WritePath,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        let _ = (tx, records, path);
         async { Err(HandlerError::Reject("this handler has no PostgreSQL fast path".into())) }
     }
 }

@@ -47,7 +47,7 @@ mod parking;
 mod replay_write;
 
 pub use error::{HandlerError, ProcessError, ReplayError, RunError};
-pub use handler::{Handler, Record};
+pub use handler::{Handler, Record, WritePath};
 pub use metrics::{Metrics, MetricsSnapshot, StageTimes};
 pub use order::{Order, UnknownOrder};
 pub use parking::Released;

@@ -17,7 +17,7 @@ use herald_store::generations::{self, LiveGeneration};
 use herald_store::{Db, StoreError, Tx};
 use sqlx::PgConnection;
 
-use crate::handler::{Handler, Record};
+use crate::handler::{Handler, Record, WritePath};
 use crate::{HandlerError, Order};
 
 /// What a generation holds, to compare two generations read in one snapshot.
@@ -61,14 +61,17 @@ pub trait Projection: Send + Sync + 'static {
     /// order per partition — into `generation`.
     fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&Self::Fact]) -> impl Future<Output = Result<(), HandlerError>> + Send;
 
-    /// The same as [`Projection::write`] on a native PostgreSQL connection.
+    /// The same as [`Projection::write`] on a native PostgreSQL connection,
+    /// rows already there met as `path` says ([`WritePath::Plain`]: fail
+    /// with [`HandlerError::Conflict`]).
     fn write_pg(
         &self,
         tx: &mut PgConnection,
         generation: i64,
         facts: &[&Self::Fact],
+        path: WritePath,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        let _ = (tx, generation, facts);
+        let _ = (tx, generation, facts, path);
         async { Err(HandlerError::Reject(format!("projection {} has no PostgreSQL fast path", Self::NAME))) }
     }
 
@@ -132,12 +135,12 @@ impl<P: Projection> Handler for Live<P> {
         P::WRITES_PG
     }
 
-    async fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>]) -> Result<(), HandlerError> {
+    async fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>], path: WritePath) -> Result<(), HandlerError> {
         let facts = facts::<P>(records)?;
         for generation in generations::live_pg(tx, P::NAME, &self.topic).await.map_err(StoreError::from)? {
             let owned = owned_by(&generation, &facts);
             if !owned.is_empty() {
-                self.projection.write_pg(tx, generation.generation, &owned).await?;
+                self.projection.write_pg(tx, generation.generation, &owned, path).await?;
             }
         }
         Ok(())

@@ -97,7 +97,9 @@ pub async fn redrive_releasing<H: Handler>(
     match done {
         Ok(done) => Ok(done),
         Err(HandlerError::Reject(reason)) => Ok(outcome(failed(db, letter, reason).await?)),
-        Err(HandlerError::Retryable(reason)) => Ok(outcome(Redriven::Failed(format!("retryable, try again: {reason}")))),
+        Err(HandlerError::Retryable(reason) | HandlerError::Conflict(reason)) => {
+            Ok(outcome(Redriven::Failed(format!("retryable, try again: {reason}"))))
+        }
     }
 }
 
@@ -136,7 +138,9 @@ pub async fn discard<H: Handler>(db: &Db, handler: &H, registry: &Registry, lett
         // A parked record that fails permanently becomes a letter inside
         // the release; a rejection reaching here is the store's own.
         Err(HandlerError::Reject(reason)) => Ok(Discarded::Failed(reason)),
-        Err(HandlerError::Retryable(reason)) => Ok(Discarded::Failed(format!("retryable, try again: {reason}"))),
+        Err(HandlerError::Retryable(reason) | HandlerError::Conflict(reason)) => {
+            Ok(Discarded::Failed(format!("retryable, try again: {reason}")))
+        }
     }
 }
 

@@ -15,9 +15,9 @@ use herald_store::inbox::{self, Delivery, Entry, PgEntry};
 use herald_store::{Db, generations};
 use sqlx::postgres::PgPool;
 
-use crate::ReplayError;
 use crate::projection::Projection;
 use crate::replay::{Content, Replayed};
+use crate::{HandlerError, ReplayError, WritePath};
 
 pub(crate) struct Writer<'p, P> {
     projection: &'p P,
@@ -106,7 +106,23 @@ impl<'p, P: Projection> Writer<'p, P> {
         Ok(())
     }
 
+    /// Plain inserts first; only if a row was already there (a resumed
+    /// replay, live traffic's document of the same job) the batch again in a
+    /// new transaction, resolving what is there.
     async fn apply_pg(&self, pool: &PgPool, items: &[Item<'_, P::Fact>], next: &BTreeMap<i32, i64>) -> Result<(), ReplayError> {
+        match self.apply_pg_on(pool, items, next, WritePath::Plain).await {
+            Err(ReplayError::Projection(HandlerError::Conflict(_))) => self.apply_pg_on(pool, items, next, WritePath::Upsert).await,
+            outcome => outcome,
+        }
+    }
+
+    async fn apply_pg_on(
+        &self,
+        pool: &PgPool,
+        items: &[Item<'_, P::Fact>],
+        next: &BTreeMap<i32, i64>,
+        path: WritePath,
+    ) -> Result<(), ReplayError> {
         let mut tx = pool.begin().await?;
         let facts: Vec<&P::Fact> = if P::IDEMPOTENT {
             items.iter().map(|i| i.fact).collect()
@@ -115,11 +131,19 @@ impl<'p, P: Projection> Writer<'p, P> {
                 .iter()
                 .map(|i| PgEntry { key: i.key, event_type: i.event_type, topic: &self.topic, partition: i.partition, offset: i.offset })
                 .collect();
-            let first = inbox::admit_batch_pg(&mut tx, &self.scope, &entries).await?;
-            first_seen(items, |key| first.contains(key))
+            match path {
+                WritePath::Plain => {
+                    inbox::insert_batch_pg(&mut tx, &self.scope, &entries).await.map_err(HandlerError::from_plain_write)?;
+                    first_seen(items, |_| true)
+                }
+                WritePath::Upsert => {
+                    let first = inbox::admit_batch_pg(&mut tx, &self.scope, &entries).await?;
+                    first_seen(items, |key| first.contains(key))
+                }
+            }
         };
         if !facts.is_empty() {
-            self.projection.write_pg(&mut tx, self.generation, &facts).await?;
+            self.projection.write_pg(&mut tx, self.generation, &facts, path).await?;
         }
         generations::advance_pg(&mut tx, P::NAME, self.generation, next).await?;
         tx.commit().await?;

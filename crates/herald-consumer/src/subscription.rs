@@ -30,7 +30,9 @@ use crate::{Handler, Order, RunError, Subscription};
 pub struct SubscriptionOptions {
     /// Most records per transaction.
     pub max_batch: usize,
-    /// How long to keep collecting after the first record of a batch.
+    /// How long a poll keeps receiving after its first record while the
+    /// lanes still apply the previous one; with the lanes idle it goes at
+    /// once with what has arrived.
     pub max_wait: Duration,
     /// Groups of partitions applied concurrently, each in its own transaction.
     pub lanes: usize,
@@ -114,7 +116,9 @@ pub async fn run_subscription<H: Handler>(
         if handler.applies_pg() { db.native_postgres(u32::try_from(options.lanes).unwrap_or(u32::MAX).saturating_add(1))? } else { None };
     let applier = Applier { db, native: native.as_ref(), subscription: &subscription.name, handler, options, order, metrics };
     let committed = AtomicU64::new(0);
-    let mut polled = collect(&consumer, options, &metrics.time, &shutdown).await.map(|records| plan(records, options));
+    let idle = CancellationToken::new();
+    idle.cancel();
+    let mut polled = collect(&consumer, options, &metrics.time, &idle, &shutdown).await.map(|records| plan(records, options));
     while let Some(lanes) = polled.take() {
         // Partitions are independent: their records are split into up to
         // `lanes` groups applied concurrently (on PostgreSQL, in separate
@@ -191,7 +195,8 @@ async fn apply_while_receiving<A: Future>(
     shutdown: &CancellationToken,
 ) -> (A::Output, Option<Vec<Lane>>) {
     consumer.context().applying();
-    let receive = collect(consumer, options, &metrics.time, shutdown);
+    let lanes_idle = CancellationToken::new();
+    let receive = collect(consumer, options, &metrics.time, &lanes_idle, shutdown);
     tokio::pin!(apply, receive);
     let mut received = None;
     let finished = loop {
@@ -201,6 +206,7 @@ async fn apply_while_receiving<A: Future>(
             next = &mut receive, if received.is_none() => received = Some(next.map(|records| plan(records, options))),
         }
     };
+    lanes_idle.cancel();
     consumer.context().applied(consumer);
     let next = match received {
         Some(next) => next,
@@ -305,8 +311,12 @@ fn split_lanes(records: Vec<OwnedMessage>, lanes: usize, size: usize) -> Vec<Vec
         .collect()
 }
 
-/// Receives up to `batches_per_poll × lanes × max_batch` records, waiting at
-/// most `max_wait` after the first. `None` on shutdown.
+/// Receives up to `batches_per_poll × lanes × max_batch` records. After the
+/// first, it keeps receiving while the lanes apply the previous poll (at
+/// most `max_wait`): records that arrive meanwhile would wait for the lanes
+/// anyway, and go in bigger batches. Once `lanes_idle`, it takes what has
+/// already arrived and goes: a record never waits for company while nothing
+/// else is being done. `None` on shutdown.
 ///
 /// A rebalance can only run inside `recv()`. When one revoked partitions,
 /// the records of those partitions received *before* it are dropped: they
@@ -323,6 +333,7 @@ async fn collect(
     consumer: &StreamConsumer<SubscriptionContext>,
     options: &SubscriptionOptions,
     time: &StageTimes,
+    lanes_idle: &CancellationToken,
     shutdown: &CancellationToken,
 ) -> Option<Vec<OwnedMessage>> {
     let first = tokio::select! {
@@ -357,7 +368,19 @@ async fn collect(
         if deferred || batch.len() >= limit {
             break;
         }
-        received = tokio::time::timeout_at(deadline, consumer.recv()).await;
+        received = tokio::select! {
+            // A record already there is taken before the lanes' idleness is
+            // looked at, so going early drains what has arrived.
+            biased;
+            received = tokio::time::timeout_at(deadline, consumer.recv()) => received,
+            _ = lanes_idle.cancelled() => break,
+        };
+    }
+    // A revocation that came since the last record (inside a receive that
+    // returned nothing): what was received before it is the old assignment's.
+    let revoked = consumer.context().take_revoked();
+    if !revoked.is_empty() {
+        batch.retain(|m: &OwnedMessage| !revoked.contains(&(m.topic().to_owned(), m.partition())));
     }
     StageTimes::lap(&time.receive_us, &mut receiving);
     Some(batch)

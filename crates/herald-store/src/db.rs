@@ -189,13 +189,18 @@ impl Db {
     /// the hot paths that bind arrays (`Any` cannot): at most `connections`
     /// sessions, opened on first use, so an outage then fails that use
     /// (retryably) rather than this call. `None` on SQLite.
+    ///
+    /// A connection is not pinged when taken: sqlx already pings it when it
+    /// comes back, and on a busy machine each round trip costs a batch more
+    /// than its statement (BENCHMARKS.md, "Consume"); a connection that broke
+    /// meanwhile fails the batch's first statement, which is retried.
     pub fn native_postgres(&self, connections: u32) -> Result<Option<PgPool>, StoreError> {
         match self.backend {
             Backend::Sqlite => Ok(None),
             Backend::Postgres => {
                 let options = PgConnectOptions::from_str(self.url.expose())
                     .map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?;
-                Ok(Some(PgPoolOptions::new().max_connections(connections).connect_lazy_with(options)))
+                Ok(Some(PgPoolOptions::new().max_connections(connections).test_before_acquire(false).connect_lazy_with(options)))
             }
         }
     }

@@ -178,22 +178,22 @@ pub struct PgEntry<'a> {
     pub offset: i64,
 }
 
-/// [`admit_batch`] for a replay on sqlx's native PostgreSQL driver, with
-/// array binds: three statements whatever the batch's size. `Any` cannot
-/// bind arrays, and multi-row `VALUES` through it spends most of a replay's
-/// time in the client (BENCHMARKS.md "Rebuild"). Returns (source, id) of
-/// the keys seen for the first time.
+/// Inserts the inbox rows of `entries` plainly on sqlx's native PostgreSQL
+/// driver, with array binds: one statement whatever the batch's size
+/// (`Any` cannot bind arrays, and multi-row `VALUES` through it spends most
+/// of a batch's time in the client, BENCHMARKS.md "Rebuild"). Nearly every
+/// batch is new, and this is the cheapest way to record it: no savepoint,
+/// no `ON CONFLICT`. A key already there fails the statement with a unique
+/// violation, and with it the transaction: start over in a new one with
+/// [`admit_batch_pg`].
+pub async fn insert_batch_pg(conn: &mut sqlx::PgConnection, scope: &str, entries: &[PgEntry<'_>]) -> Result<(), sqlx::Error> {
+    insert_pg(conn, scope, entries, "").await.map(drop)
+}
+
+/// Admits `entries` on the native driver whatever is there already
+/// (`ON CONFLICT DO NOTHING`) and returns (source, id) of the keys seen for
+/// the first time.
 pub async fn admit_batch_pg(conn: &mut sqlx::PgConnection, scope: &str, entries: &[PgEntry<'_>]) -> Result<HashSet<EventKey>, sqlx::Error> {
-    // Conflicts are rare (a redelivery, a resumed replay): a plain insert
-    // behind a savepoint first, as in `admit_batch`.
-    sqlx::query("SAVEPOINT replay_admit").execute(&mut *conn).await?;
-    match insert_pg(conn, scope, entries, "").await {
-        Ok(_) => return Ok(entries.iter().map(|e| e.key.clone()).collect()),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT replay_admit").execute(&mut *conn).await?;
-        }
-        Err(e) => return Err(e),
-    }
     let tail = " ON CONFLICT (subscription, source, event_id) DO NOTHING RETURNING source, event_id";
     Ok(insert_pg(conn, scope, entries, tail).await?.into_iter().map(|(source, id)| EventKey { source, id }).collect())
 }

@@ -33,28 +33,52 @@ pub async fn advance(tx: &mut Tx<'_>, subscription: &str, topic: &str, next: &BT
     Ok(())
 }
 
-/// [`advance`] on sqlx's native PostgreSQL driver (a live batch's fast
-/// path): every partition in one statement, inserted — and so locked — in
-/// partition order like the statements of [`advance`].
-pub async fn advance_pg(
-    conn: &mut sqlx::PgConnection,
+/// Begins a live batch's transaction on sqlx's native PostgreSQL driver
+/// with its first statement, [`advance`] of every partition in `next`
+/// (topic → partition → offset after the last record), in one round trip:
+/// `BEGIN` and the upsert as one simple query. On a busy machine a round
+/// trip costs a batch more than the statement in it (BENCHMARKS.md,
+/// "Consume"). A simple query takes no binds, so the values are literals:
+/// offsets are integers, names are escaped by [`literal`]. Rows are locked
+/// in (topic, partition) order, like the statements of [`advance`].
+pub async fn begin_advancing(
+    pool: &sqlx::PgPool,
     subscription: &str,
-    topic: &str,
-    next: &BTreeMap<i32, i64>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO subscription_positions (subscription, topic, kafka_partition, next_offset) \
-         SELECT $1, $2, p, n FROM UNNEST($3::int4[], $4::int8[]) AS u(p, n) ORDER BY p \
+    next: &BTreeMap<&str, BTreeMap<i32, i64>>,
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+    if subscription.contains('\0') || next.keys().any(|t| t.contains('\0')) {
+        return Err(sqlx::Error::Encode("a name with a NUL character cannot be stored in PostgreSQL".into()));
+    }
+    pool.begin_with(begin_advancing_sql(subscription, next)).await
+}
+
+fn begin_advancing_sql(subscription: &str, next: &BTreeMap<&str, BTreeMap<i32, i64>>) -> String {
+    let rows: Vec<String> = next
+        .iter()
+        .flat_map(|(topic, partitions)| {
+            partitions
+                .iter()
+                .map(move |(partition, offset)| format!("({}, {}, {partition}, {offset})", literal(subscription), literal(topic)))
+        })
+        .collect();
+    if rows.is_empty() {
+        return "BEGIN".to_owned();
+    }
+    format!(
+        "BEGIN; INSERT INTO subscription_positions (subscription, topic, kafka_partition, next_offset) VALUES {} \
          ON CONFLICT (subscription, topic, kafka_partition) DO UPDATE SET \
          next_offset = GREATEST(subscription_positions.next_offset, excluded.next_offset)",
+        rows.join(", ")
     )
-    .bind(subscription)
-    .bind(topic)
-    .bind(next.keys().copied().collect::<Vec<i32>>())
-    .bind(next.values().copied().collect::<Vec<i64>>())
-    .execute(conn)
-    .await?;
-    Ok(())
+}
+
+/// `text` as a PostgreSQL escape string literal (`E'…'`), which means the
+/// same whatever `standard_conforming_strings` says: backslashes and quotes
+/// escaped, nothing else special (PostgreSQL text holds no NUL:
+/// [`begin_advancing`] refuses one).
+fn literal(text: &str) -> String {
+    let escaped = text.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("E'{escaped}'")
 }
 
 /// Locks one partition's position row until `tx` ends, moving nothing: the
@@ -100,4 +124,26 @@ pub async fn read(db: &Db, subscription: &str, topic: &str) -> Result<BTreeMap<i
         .fetch_all(db.pool())
         .await?;
     rows.iter().map(|r| Ok((r.try_get("kafka_partition")?, r.try_get("next_offset")?))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{begin_advancing_sql, literal};
+
+    #[test]
+    fn literals_escape_quotes_and_backslashes() {
+        assert_eq!(literal("search"), "E'search'");
+        assert_eq!(literal("o'brien\\x"), "E'o\\'brien\\\\x'");
+    }
+
+    #[test]
+    fn positions_are_upserted_in_topic_then_partition_order() {
+        let next = BTreeMap::from([("t2", BTreeMap::from([(1, 5)])), ("t1", BTreeMap::from([(3, 9), (0, 7)]))]);
+        let sql = begin_advancing_sql("s", &next);
+        let values = sql.split("VALUES ").nth(1).and_then(|v| v.split(" ON CONFLICT").next()).expect("a VALUES list");
+        assert_eq!(values, "(E's', E't1', 0, 7), (E's', E't1', 3, 9), (E's', E't2', 1, 5)");
+        assert_eq!(begin_advancing_sql("s", &BTreeMap::new()), "BEGIN");
+    }
 }

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use herald_consumer::{Fingerprint, HandlerError, Projection};
+use herald_consumer::{Fingerprint, HandlerError, Projection, WritePath};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
 use herald_store::delivered::Settled;
 use herald_store::{Backend, Db, StoreError, Tx};
@@ -49,9 +49,12 @@ impl Projection for Search {
         Ok(write::write(tx, generation, &facts).await?)
     }
 
-    async fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact]) -> Result<(), HandlerError> {
+    async fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
         let rows: Vec<DocumentRow> = newest_per_job(facts.iter().map(|f| (*f).clone())).iter().map(DocumentRow::from).collect();
-        write::write_pg(tx, generation, &rows).await.map_err(|e| HandlerError::from(StoreError::from(e)))
+        match path {
+            WritePath::Plain => write::write_pg(tx, generation, &rows, false).await.map_err(HandlerError::from_plain_write),
+            WritePath::Upsert => write::write_pg(tx, generation, &rows, true).await.map_err(|e| HandlerError::from(StoreError::from(e))),
+        }
     }
 
     async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {

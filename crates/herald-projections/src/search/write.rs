@@ -89,22 +89,14 @@ const GUARD: &str = " ON CONFLICT (generation, job_id) DO UPDATE SET caller = ex
      completed_at_ms = excluded.completed_at_ms, version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
      WHERE search_documents.version < excluded.version";
 
-/// [`upsert_rows`] on a native PostgreSQL connection: a plain insert behind
-/// a savepoint, the version-guarded upsert only when a job already has a
-/// row there.
-pub(super) async fn write_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow]) -> Result<(), sqlx::Error> {
+/// [`upsert_rows`] on a native PostgreSQL connection, in one statement:
+/// `upsert` false inserts plainly and fails on a job already there (the
+/// caller starts over with `upsert`), true applies the version guard.
+pub(super) async fn write_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
     if rows.is_empty() {
         return Ok(());
     }
-    sqlx::query("SAVEPOINT replay_write").execute(&mut *tx).await?;
-    match insert_pg(tx, generation, rows, "").await {
-        Ok(()) => return Ok(()),
-        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-            sqlx::query("ROLLBACK TO SAVEPOINT replay_write").execute(&mut *tx).await?;
-        }
-        Err(e) => return Err(e),
-    }
-    insert_pg(tx, generation, rows, GUARD).await
+    insert_pg(tx, generation, rows, if upsert { GUARD } else { "" }).await
 }
 
 async fn insert_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], tail: &str) -> Result<(), sqlx::Error> {
