@@ -548,6 +548,24 @@ async fn rebalance_mid_stream_postgres_real_broker() -> anyhow::Result<()> {
     rebalance_mid_stream(Database::Postgres, Broker::Real, false).await
 }
 
+/// A poll received while the lanes are idle goes with what has arrived: a
+/// `max_wait` of an hour holds nothing back. (Before, every poll kept
+/// receiving for `max_wait` after its first record, and this test timed
+/// out waiting for the first five.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poll_with_idle_lanes_does_not_wait_for_company() -> anyhow::Result<()> {
+    let bed = bed(Database::Postgres, Broker::Real).await?;
+    let patient = SubscriptionOptions { max_wait: Duration::from_secs(3600), ..SubscriptionOptions::default() };
+    let running = bed.start_with(Name::Search, patient);
+    bed.publish(&bed.events(0, 5)?).await?;
+    wait_inbox(&bed, Name::Search, 5).await?;
+    bed.publish(&bed.events(5, 5)?).await?;
+    wait_inbox(&bed, Name::Search, 10).await?;
+    let snapshot = running.stop().await?;
+    assert_eq!(snapshot.applied, 10, "{snapshot:?}");
+    Ok(())
+}
+
 /// The next poll is received while the lanes apply the last one, so a
 /// revocation can come while a batch is committed in the database and its
 /// offsets not yet stored (held at the fault point). It waits: the lanes
