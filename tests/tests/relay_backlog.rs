@@ -6,8 +6,7 @@
 mod relay_support;
 
 use herald_relay::RelayConfig;
-use herald_testkit::kafka::first_occurrences_by_key;
-use relay_support::{bench, config, stat};
+use relay_support::{assert_commit_order, bench, config, stat};
 
 async fn a_backlog_goes_through_the_lingering_producer_in_order(postgres: bool) -> anyhow::Result<()> {
     let b = bench(postgres).await?;
@@ -21,12 +20,7 @@ async fn a_backlog_goes_through_the_lingering_producer_in_order(postgres: bool) 
     let (backlog, sent) = (stat(&stats.backlog_batches), stat(&stats.sent));
     assert!(backlog >= 3, "full batches went through the lingering producer: {backlog}");
     assert!(sent > backlog * 10, "the rest went through the other producer: {sent} sent, {backlog} full batches");
-    let published = first_occurrences_by_key(&b.records()?);
-    for key in 0..3 {
-        let key = format!("backlog-{key}");
-        let want: Vec<String> = ids.iter().zip(&keys).filter(|(_, k)| **k == key).map(|(id, _)| id.clone()).collect();
-        assert_eq!(published[&key], want, "{key} in commit order");
-    }
+    assert_commit_order(&keys, &ids, &b.records()?);
     Ok(())
 }
 

@@ -17,7 +17,7 @@ use herald_store::{Db, outbox};
 use herald_testkit::Gate;
 use herald_testkit::kafka::first_occurrences_by_key;
 use rdkafka::types::RDKafkaRespErr;
-use relay_support::{bench, config, stat, wait_until, with_faults};
+use relay_support::{assert_commit_order, bench, config, stat, wait_until, with_faults};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_down_rows_stay_pending_and_go_out_when_it_returns() -> anyhow::Result<()> {
@@ -34,11 +34,7 @@ async fn broker_down_rows_stay_pending_and_go_out_when_it_returns() -> anyhow::R
     b.kafka.broker_up(1)?;
     b.wait_count(&b.delivered(), 20).await?;
     relay.stop().await?;
-    let published = first_occurrences_by_key(&b.records()?);
-    for key in 0..5 {
-        let want: Vec<String> = ids.iter().zip(&keys).filter(|(_, k)| **k == format!("down-{key}")).map(|(id, _)| id.clone()).collect();
-        assert_eq!(published[&format!("down-{key}")], want, "key down-{key} in commit order");
-    }
+    assert_commit_order(&keys, &ids, &b.records()?);
     Ok(())
 }
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 
-use herald_envelope::{DecodedEvent, Registry, decode_any_with};
+use herald_envelope::{DecodedEvent, EventKey, Registry, decode_any_with};
 use herald_store::dead_letter::{self, NewDeadLetter};
 use herald_store::inbox::{self, Delivery, Entry, PgEntry};
 use herald_store::{Db, StoreError, Tx, positions};
@@ -205,16 +205,9 @@ impl<H: Handler> Applier<'_, H> {
         let mut lap = Instant::now();
         let mut tx = positions::begin_advancing(pool, self.subscription, &next_offsets(batch)).await.map_err(StoreError::from)?;
         StageTimes::lap(&time.begin_us, &mut lap);
-        let new: Vec<Record<'_>> = match path {
-            WritePath::Plain => {
-                inbox::insert_batch_pg(&mut tx, self.subscription, &entries).await.map_err(HandlerError::from_plain_write)?;
-                plain.candidates.iter().map(|(msg, e)| record(msg, e)).collect()
-            }
-            WritePath::Upsert => {
-                let first = inbox::admit_batch_pg(&mut tx, self.subscription, &entries).await.map_err(StoreError::from)?;
-                plain.candidates.iter().filter(|(_, e)| first.contains(&e.key)).map(|(msg, e)| record(msg, e)).collect()
-            }
-        };
+        let admitted = admit_pg(&mut tx, self.subscription, &entries, path).await?;
+        let new: Vec<Record<'_>> =
+            plain.candidates.iter().filter(|(_, e)| admitted.admits(&e.key)).map(|(msg, e)| record(msg, e)).collect();
         StageTimes::lap(&time.inbox_us, &mut lap);
         self.handler.apply_pg(&mut tx, &new, path).await?;
         StageTimes::lap(&time.handler_us, &mut lap);
@@ -438,6 +431,41 @@ impl<'b> Plain<'b> {
             }
         }
         Some(plain)
+    }
+}
+
+/// Which keys of a batch its inbox rows admitted.
+pub(crate) enum Admitted {
+    /// A plain insert went through: every key was new.
+    All,
+    /// The keys seen for the first time.
+    Only(HashSet<EventKey>),
+}
+
+impl Admitted {
+    pub(crate) fn admits(&self, key: &EventKey) -> bool {
+        match self {
+            Admitted::All => true,
+            Admitted::Only(first) => first.contains(key),
+        }
+    }
+}
+
+/// The inbox rows of a native batch (live or replay), as `path` says: a
+/// plain insert that fails with [`HandlerError::Conflict`] on a key already
+/// there, or the conflict-skipping insert that names the new keys.
+pub(crate) async fn admit_pg(
+    conn: &mut sqlx::PgConnection,
+    scope: &str,
+    entries: &[PgEntry<'_>],
+    path: WritePath,
+) -> Result<Admitted, HandlerError> {
+    match path {
+        WritePath::Plain => {
+            inbox::insert_batch_pg(conn, scope, entries).await.map_err(HandlerError::from_plain_write)?;
+            Ok(Admitted::All)
+        }
+        WritePath::Upsert => Ok(Admitted::Only(inbox::admit_batch_pg(conn, scope, entries).await.map_err(StoreError::from)?)),
     }
 }
 

@@ -15,6 +15,7 @@ use herald_store::inbox::{self, Delivery, Entry, PgEntry};
 use herald_store::{Db, generations};
 use sqlx::postgres::PgPool;
 
+use crate::batch::admit_pg;
 use crate::projection::Projection;
 use crate::replay::{Content, Replayed};
 use crate::{HandlerError, ReplayError, WritePath};
@@ -131,16 +132,8 @@ impl<'p, P: Projection> Writer<'p, P> {
                 .iter()
                 .map(|i| PgEntry { key: i.key, event_type: i.event_type, topic: &self.topic, partition: i.partition, offset: i.offset })
                 .collect();
-            match path {
-                WritePath::Plain => {
-                    inbox::insert_batch_pg(&mut tx, &self.scope, &entries).await.map_err(HandlerError::from_plain_write)?;
-                    first_seen(items, |_| true)
-                }
-                WritePath::Upsert => {
-                    let first = inbox::admit_batch_pg(&mut tx, &self.scope, &entries).await?;
-                    first_seen(items, |key| first.contains(key))
-                }
-            }
+            let admitted = admit_pg(&mut tx, &self.scope, &entries, path).await?;
+            first_seen(items, |key| admitted.admits(key))
         };
         if !facts.is_empty() {
             self.projection.write_pg(&mut tx, self.generation, &facts, path).await?;

@@ -3,7 +3,7 @@
 //! transaction committed (librdkafka commits stored offsets in the background
 //! and synchronously before partitions are revoked or the consumer stops).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -349,8 +349,8 @@ async fn collect(
     loop {
         let revoked = consumer.context().take_revoked();
         let deferred = consumer.context().revocation_deferred();
-        if !revoked.is_empty() && (deferred || !batch.is_empty()) {
-            batch.retain(|m: &OwnedMessage| !revoked.contains(&(m.topic().to_owned(), m.partition())));
+        if deferred || !batch.is_empty() {
+            drop_revoked(&mut batch, &revoked);
         }
         match received {
             Ok(Ok(msg)) => {
@@ -378,12 +378,17 @@ async fn collect(
     }
     // A revocation that came since the last record (inside a receive that
     // returned nothing): what was received before it is the old assignment's.
-    let revoked = consumer.context().take_revoked();
-    if !revoked.is_empty() {
-        batch.retain(|m: &OwnedMessage| !revoked.contains(&(m.topic().to_owned(), m.partition())));
-    }
+    drop_revoked(&mut batch, &consumer.context().take_revoked());
     StageTimes::lap(&time.receive_us, &mut receiving);
     Some(batch)
+}
+
+/// Drops the records of `revoked` partitions: received before the
+/// revocation, they were the old assignment's.
+fn drop_revoked(batch: &mut Vec<OwnedMessage>, revoked: &HashSet<(String, i32)>) {
+    if !revoked.is_empty() {
+        batch.retain(|m| !revoked.contains(&(m.topic().to_owned(), m.partition())));
+    }
 }
 
 /// Stores, per partition, the offset after the batch's last record.

@@ -172,3 +172,16 @@ where
 pub fn stat(counter: &std::sync::atomic::AtomicU64) -> u64 {
     RelayCounters::get(counter)
 }
+
+/// Asserts that every key's first records on the topic are its rows in
+/// commit order: `ids[i]` was appended with `keys[i]`.
+pub fn assert_commit_order(keys: &[String], ids: &[String], records: &[Record]) {
+    let published = kafka::first_occurrences_by_key(records);
+    let mut distinct: Vec<&String> = keys.iter().collect();
+    distinct.sort();
+    distinct.dedup();
+    for key in distinct {
+        let want: Vec<String> = ids.iter().zip(keys).filter(|(_, k)| *k == key).map(|(id, _)| id.clone()).collect();
+        assert_eq!(published.get(key), Some(&want), "{key} in commit order");
+    }
+}
