@@ -131,26 +131,73 @@ async fn fail_first_cursor_write(db: &Db) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The next batch is read while a batch's progress commits (issue 20); when
-/// that write fails, the batch read meanwhile must not go out: both go again
-/// from the recorded cursor. Publishing it before the write's outcome is
-/// known would put a third batch of copies in the topic.
+/// With one batch in flight the next batch is only read while a batch's
+/// progress commits; when that write fails, the batch read meanwhile must not
+/// go out: both go again from the recorded cursor. Publishing it before the
+/// write's outcome is known would put a third batch of copies in the topic.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failed_progress_write_sends_the_batch_read_meanwhile_only_after_it_again() -> anyhow::Result<()> {
+    let copies = after_a_failed_progress_write(1).await?;
+    assert_eq!(copies[..5], [2; 5], "the unrecorded batch went out again");
+    assert_eq!(copies[5..], [1; 5], "the batch read meanwhile went out once, after it");
+    Ok(())
+}
+
+/// With two batches in flight the second is out before the first's progress
+/// write fails: it goes out again after the first's second copy, so the first
+/// copies stay in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_progress_write_sends_the_batches_behind_it_again_after_it() -> anyhow::Result<()> {
+    let copies = after_a_failed_progress_write(2).await?;
+    assert_eq!(copies, [2; 10], "the unrecorded batch and the one sent behind it went out again");
+    Ok(())
+}
+
+/// Ten rows of one key in batches of five, `in_flight` batches at once; the
+/// first progress write fails. Checks the first copies' order; returns each
+/// row's number of copies.
+async fn after_a_failed_progress_write(in_flight: usize) -> anyhow::Result<Vec<usize>> {
     let b = bench(true).await?;
     fail_first_cursor_write(&b.db).await?;
     let ids = b.append(&["progress-fails"; 10]).await?;
-    let running = b.start(RelayConfig { batch_size: 5, ..config("progress-fails") })?;
+    let running = b.start(RelayConfig { batch_size: 5, in_flight, ..config("progress-fails") })?;
     b.wait_count(&b.delivered(), 10).await?;
     let stats = running.stats.clone();
     running.stop().await?;
 
     assert_eq!(stat(&stats.unrecorded), 1, "one progress write failed");
     let records = b.records()?;
-    let copies = |id: &String| records.iter().filter(|r| &r.ce_id == id).count();
-    assert_eq!(ids[..5].iter().map(copies).collect::<Vec<_>>(), [2; 5], "the unrecorded batch went out again");
-    assert_eq!(ids[5..].iter().map(copies).collect::<Vec<_>>(), [1; 5], "the batch read meanwhile went out once, after it");
     assert_eq!(first_occurrences_by_key(&records)["progress-fails"], ids);
+    Ok(ids.iter().map(|id| records.iter().filter(|r| &r.ce_id == id).count()).collect())
+}
+
+/// A slice sends its next batch while the broker still has the previous one
+/// to acknowledge: the relay is held before its first progress write until
+/// the second batch is on the topic (with one batch in flight it never
+/// would be), then each record is there once and in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_next_batch_goes_out_before_the_last_one_is_recorded() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let key = "pipelined";
+    let ids = b.append(&[key; 10]).await?;
+    let (reached, resume) = (Gate::new(2), Gate::new(2));
+    let faults = pause_before_progress(slice_of(key), reached.clone(), resume.clone());
+    let running = b.start(with_faults(RelayConfig { batch_size: 5, in_flight: 2, ..config("pipelined") }, faults))?;
+    reached.arrive_and_wait().await; // the first batch is acknowledged, not recorded
+    let second: Vec<String> = ids[5..].to_vec();
+    wait_until("the second batch on the topic", || async {
+        let records = b.records()?;
+        Ok(second.iter().all(|id| records.iter().any(|r| &r.ce_id == id)))
+    })
+    .await?;
+    assert_eq!(b.count(&b.delivered()).await?, 0, "nothing recorded yet");
+    resume.arrive_and_wait().await;
+    b.wait_count(&b.delivered(), 10).await?;
+    running.stop().await?;
+
+    let records = b.records()?;
+    assert_eq!(records.len(), 10, "each record once: {records:?}");
+    assert_eq!(first_occurrences_by_key(&records)[key], ids);
     Ok(())
 }
 
@@ -171,7 +218,9 @@ fn pause_before_progress(slice: i32, reached: Gate, resume: Gate) -> Hook {
     })
 }
 
-async fn fenced(postgres: bool) -> anyhow::Result<()> {
+/// A relay paused past its lease; `in_flight` is A's. Returns how many
+/// records reached the topic.
+async fn fenced(postgres: bool, in_flight: usize) -> anyhow::Result<usize> {
     let b = bench(postgres).await?;
     let key = "fenced";
     let slice = slice_of(key);
@@ -179,7 +228,7 @@ async fn fenced(postgres: bool) -> anyhow::Result<()> {
     let (reached, resume) = (Gate::new(2), Gate::new(2));
     let faults = pause_before_progress(slice, reached.clone(), resume.clone());
     // A renews nothing while paused: its lease runs out like a stopped process's.
-    let a_config = RelayConfig { renew_every: Duration::from_secs(3600), lease: Duration::from_secs(60), ..config("relay-a") };
+    let a_config = RelayConfig { renew_every: Duration::from_secs(3600), lease: Duration::from_secs(60), in_flight, ..config("relay-a") };
     let a = b.start(with_faults(a_config, faults))?;
     reached.arrive_and_wait().await; // A published its batch and waits before recording it.
 
@@ -202,8 +251,7 @@ async fn fenced(postgres: bool) -> anyhow::Result<()> {
     let records = b.records()?;
     let all: Vec<String> = first.iter().chain(&later).cloned().collect();
     assert_eq!(first_occurrences_by_key(&records)[key], all, "order holds across the takeover");
-    assert_eq!(records.len(), 15, "A's batch of 5 went out twice: at-least-once, same ids");
-    Ok(())
+    Ok(records.len())
 }
 
 async fn slice_row(db: &Db, slice: i32) -> anyhow::Result<store::Claim> {
@@ -212,12 +260,23 @@ async fn slice_row(db: &Db, slice: i32) -> anyhow::Result<store::Claim> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_paused_past_its_lease_cannot_record_progress_postgres() -> anyhow::Result<()> {
-    fenced(true).await
+    assert_eq!(fenced(true, 1).await?, 15, "A's batch of 5 went out twice: at-least-once, same ids");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relay_paused_past_its_lease_cannot_record_progress_sqlite() -> anyhow::Result<()> {
-    fenced(false).await
+    assert_eq!(fenced(false, 1).await?, 15, "A's batch of 5 went out twice: at-least-once, same ids");
+    Ok(())
+}
+
+/// With two batches out, A — woken, its progress write not yet refused —
+/// reads and sends the rows B already published: the price of not waiting
+/// for each write is a batch of duplicates behind a lost lease, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_relay_with_two_batches_out_sends_one_more_before_its_write_is_refused() -> anyhow::Result<()> {
+    assert_eq!(fenced(true, 2).await?, 20, "A's batch twice, and the next once more from A");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -18,7 +18,7 @@ use herald_store::{Db, StoreError, outbox};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-pub use crate::cursor::{Cursor, read};
+pub use crate::cursor::{Cursor, Reader, read};
 pub use herald_store::outbox::{SLICES, Setback, slice_of};
 
 /// `relay_slices` as a lease table. A released slice has expiry 0 (the

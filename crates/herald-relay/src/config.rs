@@ -8,6 +8,16 @@ use crate::Routes;
 pub struct RelayConfig {
     /// Rows read, published and recorded per batch of one slice.
     pub batch_size: i64,
+    /// Batches of one slice sent and not yet recorded at once. With 1 (the
+    /// default) a batch is sent only after the previous one's progress
+    /// committed, and only read while it commits. With 2 the next batch
+    /// goes out while the last one's acknowledgements come back, so a slice
+    /// does not stop for a round trip to the brokers per batch — for brokers
+    /// that are a long round trip away, where that wait and not the CPU
+    /// bounds a slice (BENCHMARKS.md, "Batches in flight and a native
+    /// read"). A failure then costs the batch sent behind the failed one:
+    /// it goes out again.
+    pub in_flight: usize,
     /// Lease length; a relay that neither renews nor records progress for
     /// this long loses its slices to another relay.
     pub lease: Duration,
@@ -48,6 +58,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             batch_size: 1000,
+            in_flight: 1,
             lease: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
             max_attempts: 10,

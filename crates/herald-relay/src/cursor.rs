@@ -10,24 +10,48 @@
 
 pub use herald_store::delivered::Cursor;
 use herald_store::outbox::{self, OutboxRow, ROW_COLUMNS};
-use herald_store::{Backend, Db, StoreError};
-use sqlx::Row;
+use herald_store::{Db, StoreError};
+use sqlx::{PgPool, Row};
+
+/// Where a relay reads its slices from: on PostgreSQL a native pool of its
+/// own (`Any` copies every row of a batch once more, with its column list —
+/// most of the client's work per batch), on SQLite the store's one
+/// connection.
+#[derive(Clone)]
+pub enum Reader {
+    Sqlite(Db),
+    Postgres(PgPool),
+}
+
+impl Reader {
+    /// At most `connections` sessions of their own on PostgreSQL, opened
+    /// when first used.
+    pub fn of(db: &Db, connections: u32) -> Result<Reader, StoreError> {
+        Ok(match db.native_postgres(connections)? {
+            Some(pool) => Reader::Postgres(pool),
+            None => Reader::Sqlite(db.clone()),
+        })
+    }
+}
 
 /// Reads up to `limit` rows of `slice` after `cursor`, in order. On
 /// PostgreSQL a cursor without `hi` first gets the current snapshot as `hi`
 /// (returned in the updated cursor).
-pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(Vec<OutboxRow>, Cursor), StoreError> {
+pub async fn read(reader: &Reader, slice: i32, cursor: &Cursor, limit: i64) -> Result<(Vec<OutboxRow>, Cursor), StoreError> {
     let live = format!("status IN ('{}', '{}')", outbox::PENDING, outbox::RETRYABLE_FAILED);
-    if db.backend() == Backend::Sqlite {
-        let sql = format!("SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 AND seq > $2 AND {live} ORDER BY seq LIMIT $3");
-        let rows = sqlx::query(&sql).bind(slice).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
-        return Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor.clone()));
-    }
+    let pool = match reader {
+        Reader::Sqlite(db) => {
+            let sql = format!("SELECT {ROW_COLUMNS} FROM outbox WHERE slice = $1 AND seq > $2 AND {live} ORDER BY seq LIMIT $3");
+            let rows = sqlx::query(&sql).bind(slice).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
+            return Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor.clone()));
+        }
+        Reader::Postgres(pool) => pool,
+    };
     let mut cursor = cursor.clone();
     let hi = match &cursor.hi {
         Some(hi) => hi.clone(),
         None => {
-            let row = sqlx::query("SELECT CAST(pg_current_snapshot() AS TEXT) AS hi").fetch_one(db.pool()).await?;
+            let row = sqlx::query("SELECT CAST(pg_current_snapshot() AS TEXT) AS hi").fetch_one(pool).await?;
             let hi: String = row.try_get("hi")?;
             cursor = Cursor { lo: cursor.lo, hi: Some(hi.clone()), xid: 0, seq: 0 };
             hi
@@ -46,6 +70,6 @@ pub async fn read(db: &Db, slice: i32, cursor: &Cursor, limit: i64) -> Result<(V
          AND {live} ORDER BY xid, seq LIMIT $6"
     );
     let rows =
-        sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit).fetch_all(db.pool()).await?;
+        sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit).fetch_all(pool).await?;
     Ok((rows.iter().map(outbox::row_to_outbox).collect::<Result<_, _>>()?, cursor))
 }

@@ -11,7 +11,8 @@
 //! window into silent loss, so it is never done.
 //!
 //! - `relay`: the process — membership, claims, lease renewal, rebalancing.
-//! - `slice`: one claimed slice — read, publish, settle, record (fenced).
+//! - `slice`: one claimed slice — read, publish, settle, record (fenced),
+//!   with up to `in_flight` batches out; `settle`: verdicts → progress.
 //! - `publish`: the producer and its settings; `error`: what failed and how
 //!   it is handled (retryable or permanent).
 //! - `wake`: PostgreSQL LISTEN/NOTIFY. Fault injection: `RelayConfig::faults`
@@ -28,6 +29,7 @@ mod error;
 mod publish;
 mod relay;
 mod routes;
+mod settle;
 mod slice;
 mod wake;
 

@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use crate::claims::{self as store, Claim, SLICES};
+use crate::claims::{self as store, Claim, Reader, SLICES};
 use crate::publish::Publisher;
 use crate::slice::{self, End};
 use crate::{RelayConfig, RelayCounters, RelayError, wake};
@@ -22,9 +22,16 @@ use crate::{RelayConfig, RelayCounters, RelayError, wake};
 /// first relay drained almost everything alone (`herald bench scale`).
 const BALANCE_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Sessions a relay reads its slices through on PostgreSQL, beside the
+/// store's pool: half the slices, since a read is one statement and a slice
+/// spends most of its time elsewhere (sending, awaiting the broker,
+/// recording progress).
+const READ_CONNECTIONS: u32 = 8;
+
 /// What every slice task of one relay shares.
 pub(crate) struct Shared {
     pub db: Db,
+    pub reader: Reader,
     pub publisher: Publisher,
     pub config: RelayConfig,
     pub counters: Arc<RelayCounters>,
@@ -44,7 +51,8 @@ struct Held {
 impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
         let publisher = Publisher::new(kafka, &config).map_err(RelayError::Producer)?;
-        let shared = Shared { db, publisher, config, counters: Arc::default(), wake: Arc::new(wake::Wake::new()) };
+        let reader = Reader::of(&db, READ_CONNECTIONS)?;
+        let shared = Shared { db, reader, publisher, config, counters: Arc::default(), wake: Arc::new(wake::Wake::new()) };
         Ok(Relay { shared: Arc::new(shared) })
     }
 

@@ -1,33 +1,44 @@
 //! One claimed slice: read forward, publish, await every verdict, record
 //! progress under the claim's token.
 //!
-//! A slice never has two batches in flight: the next batch is published only
-//! after the previous one's progress was written. So a relay that takes the
-//! slice over starts exactly where the unrecorded batch started, and however
-//! the two relays' records interleave in Kafka, the first copy of each record
-//! of a key comes in order. What overlaps is reading: the next batch is read
-//! while the previous batch's progress write commits (one fenced cursor
-//! write; on a durable server most of its time is the commit's flush), and
-//! thrown away if that write fails. A batch with a retryable failure is
-//! recorded before reading on, since the next read includes the failed row
-//! and must see its attempts.
+//! Up to `in_flight` batches of a slice are out at once — sent, and their
+//! progress not yet committed: the next batch is read and sent while the
+//! acknowledgements of the one before come back, and the next read goes on
+//! while a progress write commits. What keeps that safe:
+//!
+//! - Progress is written in batch order, one write at a time, each only
+//!   after every verdict of its batch. A relay that takes the slice over
+//!   starts where the first unrecorded batch started and sends everything
+//!   after it again; however the two relays' records interleave in Kafka,
+//!   the first copy of each record of a key comes in order, because one
+//!   producer keeps a partition's records in the order they were sent.
+//! - A slice's batches out at once all go through one producer: a batch that
+//!   needs the other lane waits until the slice has nothing out.
+//! - Whatever goes wrong with a batch (its progress write fails, its
+//!   acknowledgement is lost, a row of it fails retryably) drops the batches
+//!   sent behind it: they go out again after it, as duplicates under the
+//!   same ids, which the inboxes absorb. A retryable failure is recorded
+//!   before reading on: the next read includes the failed row and must see
+//!   its attempts.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
+use futures::future::{BoxFuture, FutureExt, join_all};
 use herald_fault::{Action, Point};
-use herald_store::outbox::{self, OutboxRow};
+use herald_store::outbox::OutboxRow;
 use herald_store::{Backend, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
-use crate::claims::{self as store, Claim, Cursor, Fence, Setback};
+use crate::claims::{self as store, Claim, Cursor, Fence};
 use crate::publish::Lane;
 use crate::relay::Shared;
-use crate::{Class, PublishError, RelayCounters};
+use crate::settle::{Settled, settle};
+use crate::{PublishError, RelayCounters};
 
 /// How a slice task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +55,10 @@ pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationTok
         persisted: claim.cursor.clone(),
         cursor: claim.cursor.clone(),
         idle: shared.config.idle_min,
+        sent: VecDeque::new(),
+        held: None,
         recording: None,
+        drain_until: None,
         shared,
         claim,
     };
@@ -66,15 +80,37 @@ pub(crate) async fn run(shared: Arc<Shared>, claim: Claim, stop: CancellationTok
 struct Worker {
     shared: Arc<Shared>,
     claim: Claim,
-    /// Cursor as last recorded; a batch whose progress was not recorded is
-    /// read again from here.
+    /// Cursor as last recorded; after a failure everything is read again
+    /// from here.
     persisted: Cursor,
+    /// Where the next read starts: after the last batch sent.
     cursor: Cursor,
     wake: watch::Receiver<u64>,
     idle: Duration,
-    /// The last batch's progress write, committing while the next batch is
-    /// read and sent.
+    /// Batches sent whose verdicts are not settled yet, oldest first.
+    sent: VecDeque<Sent>,
+    /// A batch read but not sent, because batches are out and it needs the
+    /// other producer or its first row waits for a retry.
+    held: Option<Read>,
+    /// The last settled batch's progress write, committing meanwhile.
     recording: Option<Recording>,
+    /// When a stopping slice gives up on the acknowledgements still out.
+    drain_until: Option<tokio::time::Instant>,
+}
+
+/// Rows read from `from` (a cursor whose snapshot is set).
+struct Read {
+    rows: Vec<OutboxRow>,
+    from: Cursor,
+}
+
+/// A batch handed to the producer.
+struct Sent {
+    read: Read,
+    lane: Lane,
+    /// The read returned everything left in its step.
+    step_done: bool,
+    verdicts: BoxFuture<'static, Vec<Result<(), PublishError>>>,
 }
 
 /// A progress write under way.
@@ -96,93 +132,201 @@ enum Recorded {
     Failed,
 }
 
+/// What the slice does next.
+enum Next {
+    Fill,
+    Settle,
+    End(End),
+}
+
+/// How the wait for the oldest batch's verdicts ended.
+enum Head {
+    Verdicts(Vec<Result<(), PublishError>>),
+    /// New rows were announced and there is room to send them.
+    Woken,
+    /// Stopping, and the verdicts did not come within the drain time.
+    Abandoned,
+}
+
 impl Worker {
     async fn work(&mut self, stop: &CancellationToken) -> End {
-        let slice = self.claim.slice;
-        while !stop.is_cancelled() {
-            self.wake.borrow_and_update();
-            let started = Instant::now();
-            let rows = match store::read(&self.shared.db, slice, &self.cursor, self.shared.config.batch_size).await {
-                Ok((rows, cursor)) => {
-                    self.cursor = cursor;
-                    rows
-                }
-                Err(e) => {
-                    warn!(slice, error = %e, "reading the outbox failed; retrying");
-                    self.pause(stop, self.shared.config.idle_max, false).await;
-                    continue;
-                }
-            };
-            RelayCounters::time(&self.shared.counters.read_us, started);
-            // Nothing is published, and no wait begins, before the last
-            // batch is recorded.
-            match self.recorded().await {
-                Recorded::Lost => return End::Lost,
-                // Read again from the recorded cursor.
-                Recorded::Failed => continue,
-                Recorded::Yes => {}
+        loop {
+            let next = if stop.is_cancelled() { Next::Settle } else { self.fill(stop).await };
+            match next {
+                Next::End(end) => return end,
+                Next::Fill => continue,
+                Next::Settle => {}
             }
-            if rows.is_empty() {
-                self.cursor = self.cursor.after(None, true);
-                self.idle_wait(stop).await;
+            if self.sent.is_empty() {
+                if stop.is_cancelled() {
+                    return End::Released;
+                }
                 continue;
             }
-            self.idle = self.shared.config.idle_min;
-            if let Some(wait) = backoff_left(&rows[0]) {
-                self.pause(stop, wait, false).await;
-                continue;
-            }
-            if let Some(end) = self.batch(rows, stop).await {
+            if let Some(end) = self.settle_head(stop).await {
                 return end;
             }
         }
-        End::Released
     }
 
-    /// Publishes one batch and starts its progress write; `Some` ends the slice.
-    async fn batch(&mut self, rows: Vec<OutboxRow>, stop: &CancellationToken) -> Option<End> {
-        let config = &self.shared.config;
-        let step_done = (rows.len() as i64) < config.batch_size;
+    /// Reads and sends batches until `in_flight` are out or nothing is left.
+    async fn fill(&mut self, stop: &CancellationToken) -> Next {
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
+        while self.sent.len() < config.in_flight.max(1) {
+            let read = match self.held.take() {
+                Some(read) => read,
+                None => match self.read().await {
+                    Ok(read) => read,
+                    Err(e) => {
+                        warn!(slice = self.claim.slice, error = %e, "reading the outbox failed; retrying");
+                        if !self.sent.is_empty() {
+                            return Next::Settle;
+                        }
+                        self.pause(stop, config.idle_max, false).await;
+                        return Next::Fill;
+                    }
+                },
+            };
+            if read.rows.is_empty() {
+                self.cursor = read.from.after(None, true);
+                return if self.sent.is_empty() { self.idle(stop).await } else { Next::Settle };
+            }
+            self.idle = config.idle_min;
+            let lane = if (read.rows.len() as i64) < config.batch_size { Lane::Live } else { Lane::Backlog };
+            let retry_in = backoff_left(&read.rows[0]);
+            let lane_busy = self.sent.back().is_some_and(|last| last.lane != lane);
+            if retry_in.is_some() || lane_busy {
+                self.held = Some(read);
+                if let (Some(wait), true) = (retry_in, self.sent.is_empty()) {
+                    self.pause(stop, wait, false).await;
+                    return Next::Fill;
+                }
+                return Next::Settle;
+            }
+            // A batch whose progress is still being written counts as out:
+            // this one was read meanwhile and waits for that write.
+            if self.sent.len() + usize::from(self.recording.is_some()) >= config.in_flight.max(1) {
+                match self.recorded().await {
+                    Recorded::Lost => return Next::End(End::Lost),
+                    Recorded::Failed => return Next::Fill,
+                    Recorded::Yes => {}
+                }
+            }
+            self.send(read, lane).await;
+        }
+        Next::Settle
+    }
+
+    /// Nothing to read and nothing out: the last progress write lands (a
+    /// failed one means reading again at once), then the slice waits.
+    async fn idle(&mut self, stop: &CancellationToken) -> Next {
+        match self.recorded().await {
+            Recorded::Lost => return Next::End(End::Lost),
+            Recorded::Failed => return Next::Fill,
+            Recorded::Yes => {}
+        }
+        self.idle_wait(stop).await;
+        Next::Fill
+    }
+
+    async fn read(&mut self) -> Result<Read, StoreError> {
+        // Rows announced from here on wake the slice again.
+        self.wake.borrow_and_update();
         let started = Instant::now();
-        // A full batch: the slice has a backlog.
-        let lane = if step_done { Lane::Live } else { Lane::Backlog };
+        let (rows, from) = store::read(&self.shared.reader, self.claim.slice, &self.cursor, self.shared.config.batch_size).await?;
+        RelayCounters::time(&self.shared.counters.read_us, started);
+        Ok(Read { rows, from })
+    }
+
+    async fn send(&mut self, read: Read, lane: Lane) {
+        let step_done = (read.rows.len() as i64) < self.shared.config.batch_size;
         if lane == Lane::Backlog {
             RelayCounters::add(&self.shared.counters.backlog_batches, 1);
         }
-        let Some(verdicts) = self.publish(&rows, lane, stop).await else {
-            // Stopping with acknowledgements outstanding: record nothing.
-            RelayCounters::add(&self.shared.counters.unrecorded, 1);
-            return Some(End::Released);
+        // The next read goes on as if every row is delivered; if not, what
+        // was read from here is dropped.
+        self.cursor = read.from.after(read.rows.last().map(|r| (r.xid, r.seq)), step_done);
+        let deliveries = self.shared.publisher.send_all(&read.rows, lane).await;
+        RelayCounters::add(&self.shared.counters.sent, read.rows.len());
+        self.sent.push_back(Sent { read, lane, step_done, verdicts: join_all(deliveries).boxed() });
+    }
+
+    /// Settles the oldest batch out and starts its progress write once the
+    /// one before it has committed; `Some` ends the slice.
+    async fn settle_head(&mut self, stop: &CancellationToken) -> Option<End> {
+        let verdicts = match self.await_head(stop).await {
+            Head::Woken => return None,
+            Head::Abandoned => {
+                // Stopping with acknowledgements outstanding: record nothing.
+                RelayCounters::add(&self.shared.counters.unrecorded, 1);
+                return Some(End::Released);
+            }
+            Head::Verdicts(verdicts) => verdicts,
         };
-        RelayCounters::time(&self.shared.counters.publish_us, started);
+        let Sent { read, lane, step_done, .. } = self.sent.pop_front()?;
         self.shared.publisher.check_fatal(&verdicts, lane);
-        let settled = settle(&rows, verdicts, config.max_attempts, |a| config.backoff(a));
-        let next = self.cursor.after(settled.last_done, step_done && !settled.stopped);
-        let rows_n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+        // Progress is written in batch order.
+        match self.recorded().await {
+            Recorded::Lost => return Some(End::Lost),
+            Recorded::Failed => return None,
+            Recorded::Yes => {}
+        }
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
+        let settled = settle(&read.rows, verdicts, config.max_attempts, |a| config.backoff(a));
+        let next = read.from.after(settled.last_done, step_done && !settled.stopped);
+        let rows_n = i64::try_from(read.rows.len()).unwrap_or(i64::MAX);
         if let Action::LoseAck | Action::Fail(_) = config.faults.at(Point::BeforeProgress, &self.claim.slice.to_string(), rows_n).await {
             warn!(slice = self.claim.slice, "fault: acknowledgement lost before progress was recorded");
             self.unrecorded();
             return None;
         }
         let stopped = settled.stopped;
+        if stopped {
+            // Rows after the failed one go out again after its retry.
+            self.drop_sent();
+            self.cursor = next.clone();
+        }
         let (db, claim, cursor, ttl) = (self.shared.db.clone(), self.claim.clone(), next.clone(), config.lease_ms());
         let (recovered, setbacks) = (settled.recovered.clone(), settled.setbacks.clone());
         let write =
             tokio::spawn(async move { store::record_progress(&db, &claim, &cursor, &recovered, &setbacks, ttl).await }.in_current_span());
-        // The next batch is read from here while this one's progress commits.
-        self.cursor = next.clone();
         self.recording = Some(Recording { next, settled, write });
-        if stopped {
-            // The next read includes the failed row: it must see its attempts.
-            if self.recorded().await == Recorded::Lost {
-                return Some(End::Lost);
-            }
+        if stopped && self.recorded().await == Recorded::Lost {
+            return Some(End::Lost);
         }
         None
     }
 
+    /// Waits for the oldest batch's verdicts — or for new rows while there
+    /// is room to send them; a stopping slice waits at most until `drain`
+    /// after it was asked to stop.
+    async fn await_head(&mut self, stop: &CancellationToken) -> Head {
+        let started = Instant::now();
+        let room = self.sent.len() + usize::from(self.recording.is_some()) < self.shared.config.in_flight
+            && self.held.is_none()
+            && !stop.is_cancelled();
+        let drain = self.shared.config.drain;
+        let Worker { sent, wake, drain_until, .. } = self;
+        let Some(head) = sent.front_mut() else { return Head::Woken };
+        let head = tokio::select! {
+            verdicts = &mut head.verdicts => Head::Verdicts(verdicts),
+            _ = announced(wake), if room => Head::Woken,
+            _ = stop.cancelled() => {
+                let until = *drain_until.get_or_insert_with(|| tokio::time::Instant::now() + drain);
+                match tokio::time::timeout_at(until, &mut head.verdicts).await {
+                    Ok(verdicts) => Head::Verdicts(verdicts),
+                    Err(_) => Head::Abandoned,
+                }
+            }
+        };
+        RelayCounters::time(&self.shared.counters.publish_us, started);
+        head
+    }
+
     /// Waits for the progress write under way, if any (the wait is the
-    /// relay's `record_us`: the part of the write the next read did not hide).
+    /// relay's `record_us`: the part of the write nothing else hid).
     async fn recorded(&mut self) -> Recorded {
         let Some(Recording { next, settled, write }) = self.recording.take() else {
             return Recorded::Yes;
@@ -213,31 +357,27 @@ impl Worker {
         }
     }
 
-    /// Sends the batch and awaits every verdict. `None` when asked to stop
-    /// and the verdicts did not all come within the drain time.
-    async fn publish(&self, rows: &[OutboxRow], lane: Lane, stop: &CancellationToken) -> Option<Vec<Result<(), PublishError>>> {
-        let deliveries = self.shared.publisher.send_all(rows, lane).await;
-        RelayCounters::add(&self.shared.counters.sent, rows.len());
-        let all = join_all(deliveries);
-        tokio::pin!(all);
-        tokio::select! {
-            verdicts = &mut all => Some(verdicts),
-            _ = stop.cancelled() => tokio::time::timeout(self.shared.config.drain, &mut all).await.ok(),
-        }
-    }
-
-    /// The batch's progress was not written: go back to the recorded cursor,
-    /// so the same rows are published again (same CloudEvents ids).
+    /// A batch's progress was not written: go back to the recorded cursor,
+    /// so the same rows — and everything sent behind them — are published
+    /// again (same CloudEvents ids).
     fn unrecorded(&mut self) {
         RelayCounters::add(&self.shared.counters.unrecorded, 1);
+        self.drop_sent();
         self.cursor = self.persisted.clone();
+    }
+
+    /// Forgets the batches out and the one held; their records may still
+    /// reach the broker, and go out again when read again.
+    fn drop_sent(&mut self) {
+        self.sent.clear();
+        self.held = None;
     }
 
     fn count(&self, settled: &Settled) {
         let stats = &self.shared.counters;
         RelayCounters::add(&stats.delivered, settled.delivered.len());
         for setback in &settled.setbacks {
-            if setback.status == outbox::RETRYABLE_FAILED {
+            if setback.status == herald_store::outbox::RETRYABLE_FAILED {
                 RelayCounters::add(&stats.retried, 1);
             } else {
                 RelayCounters::add(&stats.set_aside, 1);
@@ -263,7 +403,7 @@ impl Worker {
     async fn pause(&mut self, stop: &CancellationToken, wait: Duration, wakeable: bool) {
         let woken = async {
             if wakeable {
-                let _ = self.wake.changed().await;
+                announced(&mut self.wake).await;
             } else {
                 std::future::pending::<()>().await;
             }
@@ -276,76 +416,16 @@ impl Worker {
     }
 }
 
+/// Resolves when rows of the slice were announced since the last read; never
+/// once the relay stopped announcing.
+async fn announced(wake: &mut watch::Receiver<u64>) {
+    if wake.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Time left before the head row may be retried.
 fn backoff_left(head: &OutboxRow) -> Option<Duration> {
     let left = head.next_attempt_at_ms? - now_ms();
     (left > 0).then(|| Duration::from_millis(left as u64))
-}
-
-/// A batch's verdicts turned into what to record.
-#[derive(Debug, Default, PartialEq)]
-pub(crate) struct Settled {
-    pub delivered: Vec<i64>,
-    /// Delivered rows that had failed before (`retryable_failed`): the
-    /// cursor passing them is not enough, their status is rewritten.
-    pub recovered: Vec<i64>,
-    pub setbacks: Vec<Setback>,
-    /// (xid, seq) of the last row the cursor may pass.
-    pub last_done: Option<(i64, i64)>,
-    /// A retryable failure stopped the batch: rows after it are not recorded
-    /// (even if acknowledged) and are published again after the retry.
-    pub stopped: bool,
-}
-
-/// Rows are settled in order. A delivered row is done (the cursor passing it
-/// says so); a permanent failure
-/// is set aside (`failed`) and passed; a retryable one is retried later —
-/// it and everything after it in the slice wait, so a key's later rows never
-/// overtake it — unless it used up its attempts (`dead_lettered`, passed).
-pub(crate) fn settle(
-    rows: &[OutboxRow],
-    verdicts: Vec<Result<(), PublishError>>,
-    max_attempts: i32,
-    backoff: impl Fn(i32) -> Duration,
-) -> Settled {
-    let mut settled = Settled::default();
-    for (i, (row, verdict)) in rows.iter().zip(verdicts.iter()).enumerate() {
-        let Err(error) = verdict else {
-            settled.delivered.push(row.seq);
-            if row.attempts > 0 {
-                settled.recovered.push(row.seq);
-            }
-            settled.last_done = Some((row.xid, row.seq));
-            continue;
-        };
-        let attempts = row.attempts + 1;
-        let status = match error.class {
-            Class::Permanent => outbox::FAILED,
-            Class::Retryable if attempts >= max_attempts => outbox::DEAD_LETTERED,
-            Class::Retryable => outbox::RETRYABLE_FAILED,
-        };
-        if status != outbox::RETRYABLE_FAILED {
-            error!(seq = row.seq, event_id = %row.event.id, status, %error, "row set aside");
-            settled.setbacks.push(Setback { seq: row.seq, status, error: error.message.clone(), next_attempt_at_ms: None });
-            settled.last_done = Some((row.xid, row.seq));
-            continue;
-        }
-        let at = now_ms() + backoff(row.attempts).as_millis() as i64;
-        warn!(seq = row.seq, event_id = %row.event.id, attempts, %error, "publish failed; will retry");
-        warn_if_overtaken(row, &rows[i + 1..], &verdicts[i + 1..]);
-        settled.setbacks.push(Setback { seq: row.seq, status, error: error.message.clone(), next_attempt_at_ms: Some(at) });
-        settled.stopped = true;
-        break;
-    }
-    settled
-}
-
-/// librdkafka may deliver a later record of a partition after an earlier one
-/// failed; if that later record has the same key, Kafka already holds the
-/// key's records out of order. Nothing can undo that; say so loudly.
-fn warn_if_overtaken(failed: &OutboxRow, later: &[OutboxRow], verdicts: &[Result<(), PublishError>]) {
-    let key = &failed.event.partition_key;
-    if later.iter().zip(verdicts).any(|(r, v)| v.is_ok() && &r.event.partition_key == key) {
-        error!(seq = failed.seq, key = %key, "a later record of the same key was acknowledged before this failed one: order broken for this key");
-    }
 }

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use herald_envelope::{OutboxEvent, TraceContext};
 use sqlx::Row;
-use sqlx::any::AnyRow;
 use tracing::Instrument;
 
 use crate::{Backend, Db, StoreError, Tx, now_ms};
@@ -96,7 +95,12 @@ fn extensions_json(extensions: &BTreeMap<String, String>) -> Option<String> {
     (!extensions.is_empty()).then(|| serde_json::to_string(extensions).expect("a map of strings serializes"))
 }
 
-fn extensions_of(row: &AnyRow) -> Result<BTreeMap<String, String>, StoreError> {
+fn extensions_of<R>(row: &R) -> Result<BTreeMap<String, String>, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let Some(text) = row.try_get::<Option<String>, _>("extensions")? else { return Ok(BTreeMap::new()) };
     serde_json::from_str(&text).map_err(|e| StoreError::Config(format!("outbox row with unreadable extensions {text:?}: {e}")))
 }
@@ -154,7 +158,18 @@ fn contract_call<'q>(event: &'q OutboxEvent, trace: Option<&'q TraceContext>) ->
 pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
      subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate, content_type, extensions";
 
-pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
+/// An outbox row from a result row of either driver: `Any` (every query of
+/// the store) or native PostgreSQL (the relay's read, where `Any`'s copy of
+/// every row and of its column list is most of the client's work).
+pub fn row_to_outbox<R>(row: &R) -> Result<OutboxRow, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let time_ms: i64 = row.try_get("event_time_ms")?;
     Ok(OutboxRow {
         seq: row.try_get("seq")?,
@@ -181,7 +196,12 @@ pub fn row_to_outbox(row: &AnyRow) -> Result<OutboxRow, StoreError> {
 /// The stored trace context of a row with `traceparent` and `tracestate`
 /// columns (outbox rows, notification intents); a value that is not a W3C
 /// traceparent (written by hand) is no context.
-pub fn trace_of(row: &AnyRow) -> Result<Option<TraceContext>, StoreError> {
+pub fn trace_of<R>(row: &R) -> Result<Option<TraceContext>, StoreError>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
     let parent: Option<String> = row.try_get("traceparent")?;
     let state: Option<String> = row.try_get("tracestate")?;
     Ok(parent.and_then(|p| TraceContext::parse(&p, state.as_deref())))

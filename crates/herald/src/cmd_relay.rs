@@ -22,6 +22,13 @@ pub struct RelayArgs {
     /// Rows per batch of one slice.
     #[arg(long, env = "HERALD_RELAY_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
+    /// Batches of one slice sent and not yet recorded at once: 1 waits for
+    /// each batch's progress write before sending the next; 2 sends the
+    /// next while the last one's acknowledgements come back (for brokers a
+    /// long round trip away; after a failure the batch behind goes out
+    /// again too).
+    #[arg(long, env = "HERALD_RELAY_IN_FLIGHT", default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub in_flight: u64,
     /// Lease of a claimed slice, in milliseconds; renewed at a third of it.
     #[arg(long, env = "HERALD_RELAY_LEASE_MS", default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(300..))]
     pub lease_ms: u64,
@@ -64,6 +71,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
     let faults = herald_fault::from_env()?;
     let mut config = RelayConfig {
         batch_size: args.batch_size,
+        in_flight: args.in_flight as usize,
         max_attempts: args.max_attempts,
         faults,
         routes,

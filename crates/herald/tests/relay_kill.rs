@@ -23,10 +23,12 @@ const RELAYS: usize = 3;
 const KILLS: usize = 8;
 const PARTITIONS: i32 = 4;
 
+/// Relay `n`; odd ones keep two batches out per slice (`--in-flight 2`), so
+/// takeovers go both ways between the two modes.
 fn spawn_relay(db_url: &str, brokers: &str, n: usize) -> anyhow::Result<Child> {
     Ok(Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["relay", "--database", db_url, "--kafka", brokers, "--lease-ms", "1500", "--batch-size", "200"])
-        .args(["--owner", &format!("relay-{n}")])
+        .args(["--owner", &format!("relay-{n}"), "--in-flight", &(1 + n % 2).to_string()])
         .env("HERALD_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -48,6 +48,9 @@ pub struct LatencyBenchArgs {
     /// Partitions of the topic.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=64))]
     pub partitions: i32,
+    /// Batches of one relay slice out at once (`herald relay --in-flight`).
+    #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub in_flight: u64,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -118,7 +121,11 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     // The relay and the subscription each get a pool of their own, as
     // processes of their own would; the writer and the reader share one.
     let relay_db = Db::connect(url).await?;
-    let relay = Relay::new(relay_db.clone(), kafka, RelayConfig { owner: format!("latency-{run}"), ..RelayConfig::default() })?;
+    let relay = Relay::new(
+        relay_db.clone(),
+        kafka,
+        RelayConfig { owner: format!("latency-{run}"), in_flight: args.in_flight as usize, ..RelayConfig::default() },
+    )?;
     let relay = tokio::spawn({
         let stop = stop.clone();
         async move { relay.run(stop).await }

@@ -45,6 +45,9 @@ pub struct RelayBenchArgs {
     /// memory is sampled (0: skip that measurement).
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     memory_events: u64,
+    /// Batches of one slice out at once (`herald relay --in-flight`).
+    #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    in_flight: u64,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -80,7 +83,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     db.close().await;
     scratch.drop_db().await;
     let (scratch, db) = scratch_db(&server).await?;
-    let herald = herald_relay(&db, &kafka, &events(&topic, args.events)?).await;
+    let herald = herald_relay(&db, &kafka, &events(&topic, args.events)?, args.in_flight as usize).await;
     db.close().await;
     scratch.drop_db().await;
     let (naive, herald) = (naive?, herald?);
@@ -204,9 +207,9 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
     Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
 }
 
-async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> anyhow::Result<Run> {
+async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent], in_flight: usize) -> anyhow::Result<Run> {
     insert(db, events).await?;
-    let run = drain(db, kafka, events.len() as u64).await?;
+    let run = drain_with(db, kafka, events.len() as u64, in_flight).await?;
     let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
     anyhow::ensure!(delivered == run.events as i64, "{delivered} rows marked delivered, expected {}", run.events);
     Ok(run)
@@ -215,7 +218,11 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> a
 /// Runs Herald's relay until it delivered `want` rows (those pending in the
 /// outbox), then stops it: the events/s from its start to the last ack.
 pub(crate) async fn drain(db: &Db, kafka: &KafkaConfig, want: u64) -> anyhow::Result<Run> {
-    let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..RelayConfig::default() })?;
+    drain_with(db, kafka, want, RelayConfig::default().in_flight).await
+}
+
+async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, in_flight: usize) -> anyhow::Result<Run> {
+    let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), in_flight, ..RelayConfig::default() })?;
     let stats = relay.counters();
     let shutdown = CancellationToken::new();
     let started = Instant::now();
