@@ -218,6 +218,31 @@ fn pause_before_progress(slice: i32, reached: Gate, resume: Gate) -> Hook {
     })
 }
 
+/// Rows committed while a slice waits for the broker's verdicts on its
+/// batch go out without waiting for them when there is room for a second
+/// batch: the NOTIFY wakes the wait. The broker is down, so the first batch's verdicts cannot
+/// come; with one batch in flight the new rows would wait for them.
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_committed_while_a_batch_awaits_its_acks_go_out_beside_it() -> anyhow::Result<()> {
+    let b = bench(true).await?;
+    let key = "woken";
+    b.kafka.broker_down(1)?;
+    let mut ids = b.append(&[key; 5]).await?;
+    let relay = b.start(RelayConfig { in_flight: 2, ..config("woken") })?;
+    wait_until("the first batch sent", || async { Ok(stat(&relay.stats.sent) == 5) }).await?;
+    // Five commits: the first wakes the slice, which sends what it reads
+    // as its second batch; the rest wait for room.
+    ids.extend(b.append(&[key; 5]).await?);
+    wait_until("rows committed since sent too", || async { Ok(stat(&relay.stats.sent) > 5) }).await?;
+    assert_eq!(b.count(&b.delivered()).await?, 0, "nothing is delivered while the broker is down");
+
+    b.kafka.broker_up(1)?;
+    b.wait_count(&b.delivered(), 10).await?;
+    relay.stop().await?;
+    assert_commit_order(&vec![key.to_owned(); 10], &ids, &b.records()?);
+    Ok(())
+}
+
 /// A relay paused past its lease; `in_flight` is A's. Returns how many
 /// records reached the topic.
 async fn fenced(postgres: bool, in_flight: usize) -> anyhow::Result<usize> {

@@ -17,7 +17,6 @@ use sqlx::{PgPool, Row};
 /// own (`Any` copies every row of a batch once more, with its column list —
 /// most of the client's work per batch), on SQLite the store's one
 /// connection.
-#[derive(Clone)]
 pub enum Reader {
     Sqlite(Db),
     Postgres(PgPool),

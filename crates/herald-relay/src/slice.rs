@@ -104,12 +104,18 @@ struct Read {
     from: Cursor,
 }
 
+impl Read {
+    /// A full batch means a backlog (the lingering producer); anything less
+    /// also means the read returned everything left in its step.
+    fn lane(&self, batch_size: i64) -> Lane {
+        if (self.rows.len() as i64) < batch_size { Lane::Live } else { Lane::Backlog }
+    }
+}
+
 /// A batch handed to the producer.
 struct Sent {
     read: Read,
     lane: Lane,
-    /// The read returned everything left in its step.
-    step_done: bool,
     verdicts: BoxFuture<'static, Vec<Result<(), PublishError>>>,
 }
 
@@ -173,7 +179,7 @@ impl Worker {
     async fn fill(&mut self, stop: &CancellationToken) -> Next {
         let shared = Arc::clone(&self.shared);
         let config = &shared.config;
-        while self.sent.len() < config.in_flight.max(1) {
+        while self.sent.len() < self.in_flight() {
             let read = match self.held.take() {
                 Some(read) => read,
                 None => match self.read().await {
@@ -190,23 +196,25 @@ impl Worker {
             };
             if read.rows.is_empty() {
                 self.cursor = read.from.after(None, true);
-                return if self.sent.is_empty() { self.idle(stop).await } else { Next::Settle };
+                return if self.sent.is_empty() { self.rest(stop).await } else { Next::Settle };
             }
             self.idle = config.idle_min;
-            let lane = if (read.rows.len() as i64) < config.batch_size { Lane::Live } else { Lane::Backlog };
+            let lane = read.lane(config.batch_size);
             let retry_in = backoff_left(&read.rows[0]);
             let lane_busy = self.sent.back().is_some_and(|last| last.lane != lane);
             if retry_in.is_some() || lane_busy {
                 self.held = Some(read);
-                if let (Some(wait), true) = (retry_in, self.sent.is_empty()) {
-                    self.pause(stop, wait, false).await;
-                    return Next::Fill;
-                }
-                return Next::Settle;
+                return match retry_in {
+                    Some(wait) if self.sent.is_empty() => {
+                        self.pause(stop, wait, false).await;
+                        Next::Fill
+                    }
+                    _ => Next::Settle,
+                };
             }
             // A batch whose progress is still being written counts as out:
             // this one was read meanwhile and waits for that write.
-            if self.sent.len() + usize::from(self.recording.is_some()) >= config.in_flight.max(1) {
+            if self.out() >= self.in_flight() {
                 match self.recorded().await {
                     Recorded::Lost => return Next::End(End::Lost),
                     Recorded::Failed => return Next::Fill,
@@ -218,9 +226,19 @@ impl Worker {
         Next::Settle
     }
 
+    /// Batches sent and not yet recorded: those awaiting verdicts, and the
+    /// one whose progress write is under way.
+    fn out(&self) -> usize {
+        self.sent.len() + usize::from(self.recording.is_some())
+    }
+
+    fn in_flight(&self) -> usize {
+        self.shared.config.in_flight.max(1)
+    }
+
     /// Nothing to read and nothing out: the last progress write lands (a
     /// failed one means reading again at once), then the slice waits.
-    async fn idle(&mut self, stop: &CancellationToken) -> Next {
+    async fn rest(&mut self, stop: &CancellationToken) -> Next {
         match self.recorded().await {
             Recorded::Lost => return Next::End(End::Lost),
             Recorded::Failed => return Next::Fill,
@@ -240,7 +258,7 @@ impl Worker {
     }
 
     async fn send(&mut self, read: Read, lane: Lane) {
-        let step_done = (read.rows.len() as i64) < self.shared.config.batch_size;
+        let step_done = lane == Lane::Live;
         if lane == Lane::Backlog {
             RelayCounters::add(&self.shared.counters.backlog_batches, 1);
         }
@@ -249,7 +267,7 @@ impl Worker {
         self.cursor = read.from.after(read.rows.last().map(|r| (r.xid, r.seq)), step_done);
         let deliveries = self.shared.publisher.send_all(&read.rows, lane).await;
         RelayCounters::add(&self.shared.counters.sent, read.rows.len());
-        self.sent.push_back(Sent { read, lane, step_done, verdicts: join_all(deliveries).boxed() });
+        self.sent.push_back(Sent { read, lane, verdicts: join_all(deliveries).boxed() });
     }
 
     /// Settles the oldest batch out and starts its progress write once the
@@ -264,7 +282,7 @@ impl Worker {
             }
             Head::Verdicts(verdicts) => verdicts,
         };
-        let Sent { read, lane, step_done, .. } = self.sent.pop_front()?;
+        let Sent { read, lane, .. } = self.sent.pop_front()?;
         self.shared.publisher.check_fatal(&verdicts, lane);
         // Progress is written in batch order.
         match self.recorded().await {
@@ -275,7 +293,7 @@ impl Worker {
         let shared = Arc::clone(&self.shared);
         let config = &shared.config;
         let settled = settle(&read.rows, verdicts, config.max_attempts, |a| config.backoff(a));
-        let next = read.from.after(settled.last_done, step_done && !settled.stopped);
+        let next = read.from.after(settled.last_done, lane == Lane::Live && !settled.stopped);
         let rows_n = i64::try_from(read.rows.len()).unwrap_or(i64::MAX);
         if let Action::LoseAck | Action::Fail(_) = config.faults.at(Point::BeforeProgress, &self.claim.slice.to_string(), rows_n).await {
             warn!(slice = self.claim.slice, "fault: acknowledgement lost before progress was recorded");
@@ -304,9 +322,7 @@ impl Worker {
     /// after it was asked to stop.
     async fn await_head(&mut self, stop: &CancellationToken) -> Head {
         let started = Instant::now();
-        let room = self.sent.len() + usize::from(self.recording.is_some()) < self.shared.config.in_flight
-            && self.held.is_none()
-            && !stop.is_cancelled();
+        let room = self.out() < self.in_flight() && self.held.is_none() && !stop.is_cancelled();
         let drain = self.shared.config.drain;
         let Worker { sent, wake, drain_until, .. } = self;
         let Some(head) = sent.front_mut() else { return Head::Woken };
