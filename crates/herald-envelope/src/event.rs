@@ -119,7 +119,7 @@ impl OutboxEvent {
         self.dataschema_under(None)
     }
 
-    fn dataschema_under(&self, base: Option<&str>) -> Option<String> {
+    pub(crate) fn dataschema_under(&self, base: Option<&str>) -> Option<String> {
         match self.schema_file.as_str() {
             "" => None,
             uri if uri.contains(':') => Some(uri.to_owned()),

@@ -6,6 +6,7 @@
 //! - [`data`]: typed event data and its Avro binary codec.
 //! - [`event`]: an outbox row's event, its CloudEvents form and Kafka record
 //!   in binary content mode (`ce_*` headers).
+//! - [`record`]: the same record's headers written directly, as the relay sends them.
 //! - [`decode`]: the reverse way, validating every attribute Herald relies on.
 //! - [`trace`]: W3C trace context carried as the CloudEvents
 //!   distributed-tracing extension.
@@ -21,6 +22,7 @@ pub mod decode;
 pub mod event;
 pub mod legacy;
 pub mod pattern;
+pub mod record;
 pub mod schema;
 pub mod trace;
 pub mod trust;

@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use cloudevents::binding::rdkafka::FutureRecordExt;
 use futures::future::{BoxFuture, FutureExt};
 use herald_kafka::KafkaConfig;
 use herald_store::outbox::OutboxRow;
@@ -161,13 +160,13 @@ fn publish_span(row: &OutboxRow, topic: &str) -> Option<Span> {
 }
 
 async fn send(producer: &FutureProducer, row: &OutboxRow, topic: &str, base: Option<&str>) -> BoxFuture<'static, Result<(), PublishError>> {
-    let message = match row.event.to_kafka_record_under(base) {
-        Ok(message) => message,
+    let headers = match row.event.to_kafka_headers_under(base) {
+        Ok(headers) => headers,
         Err(e) => return futures::future::ready(Err(PublishError::permanent(e.to_string()))).boxed(),
     };
     let span = publish_span(row, topic);
+    let mut record = FutureRecord::to(topic).key(row.event.partition_key.as_str()).payload(&row.event.data).headers(headers);
     loop {
-        let record = FutureRecord::to(topic).key(row.event.partition_key.as_str()).message_record(&message);
         match producer.send_result(record) {
             Ok(delivery) => {
                 return async move {
@@ -186,7 +185,8 @@ async fn send(producer: &FutureProducer, row: &OutboxRow, topic: &str, base: Opt
                 .boxed();
             }
             // Backpressure from librdkafka's queue: wait for it to drain.
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                record = returned;
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             Err((e, _)) => return futures::future::ready(Err(PublishError::from_kafka(&e))).boxed(),

@@ -95,13 +95,8 @@ fn extensions_json(extensions: &BTreeMap<String, String>) -> Option<String> {
     (!extensions.is_empty()).then(|| serde_json::to_string(extensions).expect("a map of strings serializes"))
 }
 
-fn extensions_of<R>(row: &R) -> Result<BTreeMap<String, String>, StoreError>
-where
-    R: Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    let Some(text) = row.try_get::<Option<String>, _>("extensions")? else { return Ok(BTreeMap::new()) };
+fn extensions_from(text: Option<String>) -> Result<BTreeMap<String, String>, StoreError> {
+    let Some(text) = text else { return Ok(BTreeMap::new()) };
     serde_json::from_str(&text).map_err(|e| StoreError::Config(format!("outbox row with unreadable extensions {text:?}: {e}")))
 }
 
@@ -154,9 +149,32 @@ fn contract_call<'q>(event: &'q OutboxEvent, trace: Option<&'q TraceContext>) ->
     .bind(trace.and_then(|t| t.tracestate.as_deref()))
 }
 
-/// Columns [`row_to_outbox`] reads.
+/// Columns [`row_to_outbox`] reads, in the order it reads them: every
+/// result it reads begins with these (the relay's adds `row_xid` after).
 pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
      subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate, content_type, extensions";
+
+/// Where each of [`ROW_COLUMNS`] is. Read by position: a lookup by name
+/// hashes the name for every column of every row, a quarter of the
+/// relay's decoding (`tests::ordinals_follow_the_column_list`).
+mod at {
+    pub const SEQ: usize = 0;
+    pub const ATTEMPTS: usize = 1;
+    pub const NEXT_ATTEMPT_AT_MS: usize = 2;
+    pub const EVENT_ID: usize = 3;
+    pub const SOURCE: usize = 4;
+    pub const EVENT_TYPE: usize = 5;
+    pub const SUBJECT: usize = 6;
+    pub const EVENT_TIME_MS: usize = 7;
+    pub const SCHEMA_FILE: usize = 8;
+    pub const DATA: usize = 9;
+    pub const TOPIC: usize = 10;
+    pub const PARTITION_KEY: usize = 11;
+    pub const TRACEPARENT: usize = 12;
+    pub const TRACESTATE: usize = 13;
+    pub const CONTENT_TYPE: usize = 14;
+    pub const EXTENSIONS: usize = 15;
+}
 
 /// An outbox row from a result row of either driver: `Any` (every query of
 /// the store) or native PostgreSQL (the relay's read, where `Any`'s copy of
@@ -164,31 +182,34 @@ pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, sour
 pub fn row_to_outbox<R>(row: &R) -> Result<OutboxRow, StoreError>
 where
     R: Row,
+    usize: sqlx::ColumnIndex<R>,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let time_ms: i64 = row.try_get("event_time_ms")?;
+    let time_ms: i64 = row.try_get(at::EVENT_TIME_MS)?;
+    let traceparent: Option<String> = row.try_get(at::TRACEPARENT)?;
+    let tracestate: Option<String> = row.try_get(at::TRACESTATE)?;
     Ok(OutboxRow {
-        seq: row.try_get("seq")?,
-        attempts: row.try_get("attempts")?,
-        next_attempt_at_ms: row.try_get("next_attempt_at_ms")?,
+        seq: row.try_get(at::SEQ)?,
+        attempts: row.try_get(at::ATTEMPTS)?,
+        next_attempt_at_ms: row.try_get(at::NEXT_ATTEMPT_AT_MS)?,
         xid: row.try_get("row_xid").unwrap_or(0),
         event: OutboxEvent {
-            id: row.try_get("event_id")?,
-            source: row.try_get("source")?,
-            event_type: row.try_get("event_type")?,
-            subject: row.try_get("subject")?,
+            id: row.try_get(at::EVENT_ID)?,
+            source: row.try_get(at::SOURCE)?,
+            event_type: row.try_get(at::EVENT_TYPE)?,
+            subject: row.try_get(at::SUBJECT)?,
             time: DateTime::<Utc>::from_timestamp_millis(time_ms).unwrap_or_default(),
-            schema_file: row.try_get("schema_file")?,
-            data: row.try_get("data")?,
-            content_type: row.try_get("content_type")?,
-            extensions: extensions_of(row)?,
-            topic: row.try_get("topic")?,
-            partition_key: row.try_get("partition_key")?,
-            trace: trace_of(row)?,
+            schema_file: row.try_get(at::SCHEMA_FILE)?,
+            data: row.try_get(at::DATA)?,
+            content_type: row.try_get(at::CONTENT_TYPE)?,
+            extensions: extensions_from(row.try_get(at::EXTENSIONS)?)?,
+            topic: row.try_get(at::TOPIC)?,
+            partition_key: row.try_get(at::PARTITION_KEY)?,
+            trace: traceparent.and_then(|p| TraceContext::parse(&p, tracestate.as_deref())),
         },
     })
 }
@@ -457,5 +478,32 @@ mod tests {
         assert_eq!(chunks.concat(), items);
         assert!(chunks.iter().all(|c| super::STATEMENT_ROWS.contains(&c.len())));
         assert!(chunks.len() <= 12, "{}", chunks.len());
+    }
+
+    #[test]
+    fn ordinals_follow_the_column_list() {
+        let names: Vec<&str> = ROW_COLUMNS.split(',').map(str::trim).collect();
+        let ordinals = [
+            ("seq", at::SEQ),
+            ("attempts", at::ATTEMPTS),
+            ("next_attempt_at_ms", at::NEXT_ATTEMPT_AT_MS),
+            ("event_id", at::EVENT_ID),
+            ("source", at::SOURCE),
+            ("event_type", at::EVENT_TYPE),
+            ("subject", at::SUBJECT),
+            ("event_time_ms", at::EVENT_TIME_MS),
+            ("schema_file", at::SCHEMA_FILE),
+            ("data", at::DATA),
+            ("topic", at::TOPIC),
+            ("partition_key", at::PARTITION_KEY),
+            ("traceparent", at::TRACEPARENT),
+            ("tracestate", at::TRACESTATE),
+            ("content_type", at::CONTENT_TYPE),
+            ("extensions", at::EXTENSIONS),
+        ];
+        assert_eq!(names.len(), ordinals.len());
+        for (name, at) in ordinals {
+            assert_eq!(names[at], name);
+        }
     }
 }

@@ -148,8 +148,9 @@ async fn raw_producer(kafka: &KafkaConfig, topic: &str, events: &[OutboxEvent]) 
     let started = Instant::now();
     let mut deliveries = Vec::with_capacity(events.len());
     for event in events {
-        let message = event.to_kafka_record()?;
-        let record = FutureRecord::to(topic).key(event.partition_key.as_str()).message_record(&message);
+        // The relay's own encoding, so both sides pay the same for headers.
+        let headers = event.to_kafka_headers_under(None)?;
+        let record = FutureRecord::to(topic).key(event.partition_key.as_str()).payload(&event.data).headers(headers);
         deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
     }
     for delivery in deliveries {
