@@ -35,7 +35,7 @@ pub(crate) fn settle(
     max_attempts: i32,
     backoff: impl Fn(i32) -> Duration,
 ) -> Settled {
-    let mut settled = Settled::default();
+    let mut settled = Settled { delivered: Vec::with_capacity(rows.len()), ..Settled::default() };
     for (i, (row, verdict)) in rows.iter().zip(verdicts.iter()).enumerate() {
         let Err(error) = verdict else {
             settled.delivered.push(row.seq);

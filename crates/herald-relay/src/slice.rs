@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::{BoxFuture, FutureExt, join_all};
+use futures::future::{BoxFuture, FutureExt};
 use herald_fault::{Action, Point};
 use herald_store::outbox::OutboxRow;
 use herald_store::{Backend, StoreError, now_ms};
@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::claims::{self as store, Claim, Cursor, Fence};
-use crate::publish::Lane;
+use crate::publish::{Lane, in_order};
 use crate::relay::Shared;
 use crate::settle::{Settled, settle};
 use crate::{PublishError, RelayCounters};
@@ -267,7 +267,7 @@ impl Worker {
         self.cursor = read.from.after(read.rows.last().map(|r| (r.xid, r.seq)), step_done);
         let deliveries = self.shared.publisher.send_all(&read.rows, lane).await;
         RelayCounters::add(&self.shared.counters.sent, read.rows.len());
-        self.sent.push_back(Sent { read, lane, verdicts: join_all(deliveries).boxed() });
+        self.sent.push_back(Sent { read, lane, verdicts: in_order(deliveries).boxed() });
     }
 
     /// Settles the oldest batch out and starts its progress write once the
