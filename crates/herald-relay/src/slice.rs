@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 
 use futures::future::{BoxFuture, FutureExt};
 use herald_fault::{Action, Point};
+use herald_store::StoreError;
 use herald_store::outbox::OutboxRow;
-use herald_store::{Backend, StoreError, now_ms};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +39,10 @@ use crate::publish::{Lane, in_order};
 use crate::relay::Shared;
 use crate::settle::{Settled, settle};
 use crate::{PublishError, RelayCounters};
+
+mod waits;
+
+use waits::{announced, backoff_left};
 
 /// How a slice task ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,18 +240,6 @@ impl Worker {
         self.shared.config.in_flight.max(1)
     }
 
-    /// Nothing to read and nothing out: the last progress write lands (a
-    /// failed one means reading again at once), then the slice waits.
-    async fn rest(&mut self, stop: &CancellationToken) -> Next {
-        match self.recorded().await {
-            Recorded::Lost => return Next::End(End::Lost),
-            Recorded::Failed => return Next::Fill,
-            Recorded::Yes => {}
-        }
-        self.idle_wait(stop).await;
-        Next::Fill
-    }
-
     async fn read(&mut self) -> Result<Read, StoreError> {
         // Rows announced from here on wake the slice again.
         self.wake.borrow_and_update();
@@ -400,48 +392,4 @@ impl Worker {
             }
         }
     }
-
-    /// Nothing to read: wait for a NOTIFY (PostgreSQL) or poll with backoff.
-    async fn idle_wait(&mut self, stop: &CancellationToken) {
-        RelayCounters::add(&self.shared.counters.idle, 1);
-        let config = &self.shared.config;
-        let wait = match self.shared.db.backend() {
-            Backend::Postgres => config.idle_max,
-            Backend::Sqlite => {
-                let wait = self.idle;
-                self.idle = (self.idle * 2).min(config.idle_max);
-                wait
-            }
-        };
-        self.pause(stop, wait, true).await;
-    }
-
-    async fn pause(&mut self, stop: &CancellationToken, wait: Duration, wakeable: bool) {
-        let woken = async {
-            if wakeable {
-                announced(&mut self.wake).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            _ = stop.cancelled() => {}
-            _ = tokio::time::sleep(wait) => {}
-            _ = woken => {}
-        }
-    }
-}
-
-/// Resolves when rows of the slice were announced since the last read; never
-/// once the relay stopped announcing.
-async fn announced(wake: &mut watch::Receiver<u64>) {
-    if wake.changed().await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
-/// Time left before the head row may be retried.
-fn backoff_left(head: &OutboxRow) -> Option<Duration> {
-    let left = head.next_attempt_at_ms? - now_ms();
-    (left > 0).then(|| Duration::from_millis(left as u64))
 }
