@@ -10,7 +10,7 @@
 
 use futures::TryStreamExt;
 pub use herald_store::delivered::Cursor;
-use herald_store::outbox::{self, OutboxRow, ROW_COLUMNS};
+use herald_store::outbox::{self, OutboxRow, ROW_COLUMN_COUNT, ROW_COLUMNS};
 use herald_store::{Db, StoreError};
 use sqlx::{PgPool, Row};
 
@@ -76,7 +76,9 @@ pub async fn read(reader: &Reader, slice: i32, cursor: &Cursor, limit: i64) -> R
     let query = sqlx::query(&sql).bind(slice).bind(&cursor.lo).bind(&hi).bind(cursor.xid).bind(cursor.seq).bind(limit);
     let mut stream = query.fetch(pool);
     while let Some(row) = stream.try_next().await? {
-        rows.push(outbox::row_to_outbox(&row)?);
+        let mut outbox_row = outbox::row_to_outbox(&row)?;
+        outbox_row.xid = row.try_get(ROW_COLUMN_COUNT)?;
+        rows.push(outbox_row);
     }
     drop(stream);
     Ok((rows, cursor))

@@ -150,9 +150,13 @@ fn contract_call<'q>(event: &'q OutboxEvent, trace: Option<&'q TraceContext>) ->
 }
 
 /// Columns [`row_to_outbox`] reads, in the order it reads them: every
-/// result it reads begins with these (the relay's adds `row_xid` after).
+/// result it reads begins with these (the relay's read adds the row's xid
+/// after them, at [`ROW_COLUMN_COUNT`]).
 pub const ROW_COLUMNS: &str = "seq, attempts, next_attempt_at_ms, event_id, source, event_type, \
      subject, event_time_ms, schema_file, data, topic, partition_key, traceparent, tracestate, content_type, extensions";
+
+/// How many columns [`ROW_COLUMNS`] names.
+pub const ROW_COLUMN_COUNT: usize = 16;
 
 /// Where each of [`ROW_COLUMNS`] is. Read by position: a lookup by name
 /// hashes the name for every column of every row, a quarter of the
@@ -183,7 +187,6 @@ pub fn row_to_outbox<R>(row: &R) -> Result<OutboxRow, StoreError>
 where
     R: Row,
     usize: sqlx::ColumnIndex<R>,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
@@ -196,7 +199,7 @@ where
         seq: row.try_get(at::SEQ)?,
         attempts: row.try_get(at::ATTEMPTS)?,
         next_attempt_at_ms: row.try_get(at::NEXT_ATTEMPT_AT_MS)?,
-        xid: row.try_get("row_xid").unwrap_or(0),
+        xid: 0,
         event: OutboxEvent {
             id: row.try_get(at::EVENT_ID)?,
             source: row.try_get(at::SOURCE)?,
@@ -502,6 +505,7 @@ mod tests {
             ("extensions", at::EXTENSIONS),
         ];
         assert_eq!(names.len(), ordinals.len());
+        assert_eq!(names.len(), ROW_COLUMN_COUNT);
         for (name, at) in ordinals {
             assert_eq!(names[at], name);
         }
