@@ -177,7 +177,7 @@ fn invalid(name: &'static str, reason: String) -> EnvelopeError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use chrono::TimeZone;
     use rdkafka::message::{Headers, OwnedMessage, Timestamp};
 
@@ -216,7 +216,7 @@ mod tests {
         )
     }
 
-    fn event() -> OutboxEvent {
+    pub(crate) fn event() -> OutboxEvent {
         let time = Utc.with_ymd_and_hms(2026, 11, 29, 8, 0, 0).unwrap();
         OutboxEvent::new("export.events", "job-1", &completed(), time).unwrap()
     }

@@ -106,7 +106,7 @@ impl OutboxEvent {
         if !self.subject.is_empty() {
             builder = builder.subject(&self.subject);
         }
-        builder = match self.dataschema_under(base) {
+        builder = match dataschema_of(&self.schema_file, base) {
             Some(uri) => builder.data_with_schema(self.content_type.as_str(), uri.as_str(), self.data.clone()),
             None => builder.data(self.content_type.as_str(), self.data.clone()),
         };
@@ -116,15 +116,7 @@ impl OutboxEvent {
     /// The `dataschema` attribute: Herald's URI for a file of its registry,
     /// the writer's own absolute URI as given, none when empty.
     pub fn dataschema(&self) -> Option<String> {
-        self.dataschema_under(None)
-    }
-
-    pub(crate) fn dataschema_under(&self, base: Option<&str>) -> Option<String> {
-        match self.schema_file.as_str() {
-            "" => None,
-            uri if uri.contains(':') => Some(uri.to_owned()),
-            file => Some(schema::dataschema_under(base, file)),
-        }
+        dataschema_of(&self.schema_file, None)
     }
 
     /// Headers and value of the Kafka record, in binary content mode.
@@ -135,5 +127,16 @@ impl OutboxEvent {
     /// [`OutboxEvent::to_kafka_record`] with `dataschema` under `base`.
     pub fn to_kafka_record_under(&self, base: Option<&str>) -> Result<MessageRecord, EnvelopeError> {
         MessageRecord::from_event(self.to_cloudevent_under(base)?).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))
+    }
+}
+
+/// The `dataschema` of an event whose schema is `schema_file`: Herald's URI
+/// (under `base`) for a file of its registry, the writer's own absolute URI
+/// as given, none when empty.
+pub(crate) fn dataschema_of(schema_file: &str, base: Option<&str>) -> Option<String> {
+    match schema_file {
+        "" => None,
+        uri if uri.contains(':') => Some(uri.to_owned()),
+        file => Some(schema::dataschema_under(base, file)),
     }
 }

@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use crate::event::{TRACEPARENT, TRACESTATE};
+use crate::event::{TRACEPARENT, TRACESTATE, dataschema_of};
 use crate::{EnvelopeError, OutboxEvent};
 
 /// The binding's header for an attribute: `content-type` for the data's
@@ -43,15 +43,15 @@ thread_local! {
     static PARSED_URIS: RefCell<Vec<ParsedUri>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The `dataschema` URI as the SDK's URL parser normalises it, or why it
-/// is not an absolute URL.
-fn parsed_dataschema(file: &str, base: Option<&str>, uri: impl FnOnce() -> String) -> Result<Rc<str>, EnvelopeError> {
-    let known =
-        PARSED_URIS.with_borrow(|parsed| parsed.iter().find(|p| p.file == file && p.base.as_deref() == base).map(|p| Rc::clone(&p.uri)));
-    if let Some(uri) = known {
-        return Ok(uri);
+/// The `dataschema` URI of `schema_file` as the SDK's URL parser
+/// normalises it (none when empty), or why it is not an absolute URL.
+fn parsed_dataschema(schema_file: &str, base: Option<&str>) -> Result<Option<Rc<str>>, EnvelopeError> {
+    let known = PARSED_URIS
+        .with_borrow(|parsed| parsed.iter().find(|p| p.file == schema_file && p.base.as_deref() == base).map(|p| Rc::clone(&p.uri)));
+    if known.is_some() {
+        return Ok(known);
     }
-    let uri = uri();
+    let Some(uri) = dataschema_of(schema_file, base) else { return Ok(None) };
     let parsed: Rc<str> = match url::Url::parse(&uri) {
         Ok(url) => url.as_str().into(),
         Err(e) => return Err(EnvelopeError::NotCloudEvent(format!("attribute dataschema {uri:?}: {e}"))),
@@ -60,9 +60,9 @@ fn parsed_dataschema(file: &str, base: Option<&str>, uri: impl FnOnce() -> Strin
         if kept.len() == PARSED_URIS_KEPT {
             kept.clear();
         }
-        kept.push(ParsedUri { file: file.to_owned(), base: base.map(str::to_owned), uri: Rc::clone(&parsed) });
+        kept.push(ParsedUri { file: schema_file.to_owned(), base: base.map(str::to_owned), uri: Rc::clone(&parsed) });
     });
-    Ok(parsed)
+    Ok(Some(parsed))
 }
 
 impl OutboxEvent {
@@ -74,10 +74,7 @@ impl OutboxEvent {
         if self.source.is_empty() {
             return Err(EnvelopeError::NotCloudEvent("invalid URI-reference in attribute source".into()));
         }
-        let dataschema = match self.schema_file.as_str() {
-            "" => None,
-            file => Some(parsed_dataschema(file, base, || self.dataschema_under(base).unwrap_or_default())?),
-        };
+        let dataschema = parsed_dataschema(&self.schema_file, base)?;
         let time = self.time.to_rfc3339();
         let mut headers = OwnedHeaders::new_with_capacity(8 + self.extensions.len());
         for (name, value) in [
@@ -116,12 +113,11 @@ impl OutboxEvent {
 
 #[cfg(test)]
 mod tests {
-    use chrono::{TimeZone, Utc};
     use cloudevents::binding::rdkafka::FutureRecordExt;
     use rdkafka::message::Headers;
     use rdkafka::producer::FutureRecord;
 
-    use crate::{ExportCompleted, OutboxEvent, TraceContext};
+    use crate::{OutboxEvent, TraceContext};
 
     type HeaderList = Vec<(String, Option<Vec<u8>>)>;
 
@@ -144,21 +140,12 @@ mod tests {
         assert_eq!(event.data, value);
     }
 
+    /// decode's event, its time with a fraction of a second (the SDK
+    /// writes one in `ce_time`; so must Herald).
     fn completed() -> OutboxEvent {
-        let data = ExportCompleted {
-            job_id: "job-1".into(),
-            caller: "alice".into(),
-            format: "csv".into(),
-            query: "q".into(),
-            result_id: "r".into(),
-            size_bytes: 3,
-            sha256: "00".into(),
-            completed_at_ms: 5,
-            version: 2,
-            content_type: "text/csv".into(),
-        };
-        let time = Utc.with_ymd_and_hms(2026, 11, 29, 8, 0, 0).unwrap() + chrono::Duration::microseconds(123_456);
-        OutboxEvent::new("export.events", "job-1", &data, time).unwrap()
+        let mut event = crate::decode::tests::event();
+        event.time += chrono::Duration::microseconds(123_456);
+        event
     }
 
     #[test]

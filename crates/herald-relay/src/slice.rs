@@ -37,7 +37,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::claims::{self as store, Claim, Cursor, Fence};
 use crate::publish::{Lane, in_order};
 use crate::relay::Shared;
-use crate::settle::{Settled, settle};
+use crate::settle::{Settled, Tally, settle};
 use crate::{PublishError, RelayCounters};
 
 mod waits;
@@ -126,7 +126,7 @@ struct Sent {
 /// A progress write under way.
 struct Recording {
     next: Cursor,
-    settled: Settled,
+    tally: Tally,
     write: JoinHandle<Result<Fence, StoreError>>,
 }
 
@@ -299,10 +299,11 @@ impl Worker {
             self.cursor = next.clone();
         }
         let (db, claim, cursor, ttl) = (self.shared.db.clone(), self.claim.clone(), next.clone(), config.lease_ms());
-        let (recovered, setbacks) = (settled.recovered.clone(), settled.setbacks.clone());
+        let tally = settled.tally();
+        let Settled { recovered, setbacks, .. } = settled;
         let write =
             tokio::spawn(async move { store::record_progress(&db, &claim, &cursor, &recovered, &setbacks, ttl).await }.in_current_span());
-        self.recording = Some(Recording { next, settled, write });
+        self.recording = Some(Recording { next, tally, write });
         if stopped && self.recorded().await == Recorded::Lost {
             return Some(End::Lost);
         }
@@ -336,7 +337,7 @@ impl Worker {
     /// Waits for the progress write under way, if any (the wait is the
     /// relay's `record_us`: the part of the write nothing else hid).
     async fn recorded(&mut self) -> Recorded {
-        let Some(Recording { next, settled, write }) = self.recording.take() else {
+        let Some(Recording { next, tally, write }) = self.recording.take() else {
             return Recorded::Yes;
         };
         let started = Instant::now();
@@ -348,8 +349,8 @@ impl Worker {
         match outcome {
             Ok(Fence::Held) => {
                 self.persisted = next;
-                self.count(&settled);
-                debug!(slice = self.claim.slice, delivered = settled.delivered.len(), "batch recorded");
+                self.count(tally);
+                debug!(slice = self.claim.slice, delivered = tally.delivered, "batch recorded");
                 Recorded::Yes
             }
             Ok(Fence::Lost) => {
@@ -381,15 +382,10 @@ impl Worker {
         self.held = None;
     }
 
-    fn count(&self, settled: &Settled) {
+    fn count(&self, tally: Tally) {
         let stats = &self.shared.counters;
-        RelayCounters::add(&stats.delivered, settled.delivered.len());
-        for setback in &settled.setbacks {
-            if setback.status == herald_store::outbox::RETRYABLE_FAILED {
-                RelayCounters::add(&stats.retried, 1);
-            } else {
-                RelayCounters::add(&stats.set_aside, 1);
-            }
-        }
+        RelayCounters::add(&stats.delivered, tally.delivered);
+        RelayCounters::add(&stats.retried, tally.retried);
+        RelayCounters::add(&stats.set_aside, tally.set_aside);
     }
 }

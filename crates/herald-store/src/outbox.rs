@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use herald_envelope::{OutboxEvent, TraceContext};
 use sqlx::Row;
+use sqlx::any::AnyRow;
 use tracing::Instrument;
 
 use crate::{Backend, Db, StoreError, Tx, now_ms};
@@ -220,12 +221,7 @@ where
 /// The stored trace context of a row with `traceparent` and `tracestate`
 /// columns (outbox rows, notification intents); a value that is not a W3C
 /// traceparent (written by hand) is no context.
-pub fn trace_of<R>(row: &R) -> Result<Option<TraceContext>, StoreError>
-where
-    R: Row,
-    for<'a> &'a str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+pub fn trace_of(row: &AnyRow) -> Result<Option<TraceContext>, StoreError> {
     let parent: Option<String> = row.try_get("traceparent")?;
     let state: Option<String> = row.try_get("tracestate")?;
     Ok(parent.and_then(|p| TraceContext::parse(&p, state.as_deref())))
