@@ -16,6 +16,8 @@ pub struct RelayCounters {
     pub fenced: AtomicU64,
     /// Batches whose progress was not recorded (store error, lost ack).
     pub unrecorded: AtomicU64,
+    /// Batches handed to the producer (including republishes).
+    pub batches: AtomicU64,
     /// Batches sent through the producer that lingers (full batches: a
     /// backlog); the others went through the one that sends at once.
     pub backlog_batches: AtomicU64,

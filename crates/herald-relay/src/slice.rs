@@ -259,6 +259,7 @@ impl Worker {
         self.cursor = read.from.after(read.rows.last().map(|r| (r.xid, r.seq)), step_done);
         let deliveries = self.shared.publisher.send_all(&read.rows, lane).await;
         RelayCounters::add(&self.shared.counters.sent, read.rows.len());
+        RelayCounters::add(&self.shared.counters.batches, 1);
         self.sent.push_back(Sent { read, lane, verdicts: in_order(deliveries).boxed() });
     }
 

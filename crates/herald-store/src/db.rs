@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use herald_secret::SecretUrl;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::MigrateError;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{AnyPool, Executor};
 
@@ -126,7 +127,36 @@ impl Db {
                 "the database schema is at version {applied}, newer than this herald's {knows}: nothing applied (migrate with the newer release)"
             )));
         }
-        self.migrator().run(&self.pool).await.map_err(|e| StoreError::Config(format!("migration failed: {e}")))
+        let applied = match self.backend {
+            Backend::Sqlite => self.migrator().run(&self.pool).await,
+            Backend::Postgres => self.migrate_postgres().await,
+        };
+        applied.map_err(|e| StoreError::Config(format!("migration failed: {e}")))
+    }
+
+    /// A migration's lock request queues every later query of its table
+    /// behind it; behind an open transaction that itself waits for one of
+    /// those queries (a process's other connection), PostgreSQL sees no
+    /// deadlock and everything waits. So each attempt gives up after
+    /// [`MIGRATION_LOCK_TIMEOUT`], letting the queue drain, and tries again.
+    async fn migrate_postgres(&self) -> Result<(), MigrateError> {
+        let mut attempt = 1;
+        loop {
+            let mut conn = self.pool.acquire().await?;
+            sqlx::query(&format!("SET lock_timeout = '{}ms'", MIGRATION_LOCK_TIMEOUT.as_millis())).execute(&mut *conn).await?;
+            let outcome = self.migrator().run(&mut *conn).await;
+            // The setting stays with the connection: it must not reach the
+            // pool's other users.
+            conn.close().await?;
+            match outcome {
+                Err(e) if attempt < MIGRATION_ATTEMPTS && lock_not_available(&e) => {
+                    tracing::warn!(attempt, error = %e, "a migration waited too long for a lock; trying again");
+                    tokio::time::sleep(MIGRATION_LOCK_TIMEOUT).await;
+                    attempt += 1;
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// The migrations this binary ships for its backend.
@@ -245,4 +275,17 @@ fn backend_of(url: &SecretUrl) -> Result<Backend, StoreError> {
 /// Wall-clock time as stored in every `*_ms` column.
 pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
+}
+
+/// How long one attempt of `herald migrate` waits for a table lock on
+/// PostgreSQL before it lets the queries queued behind it through.
+const MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Attempts before `herald migrate` reports the lock it could not get.
+const MIGRATION_ATTEMPTS: u32 = 40;
+
+/// PostgreSQL's `lock_not_available` (55P03): `lock_timeout` expired.
+fn lock_not_available(e: &MigrateError) -> bool {
+    let (MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _)) = e else { return false };
+    e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03")
 }

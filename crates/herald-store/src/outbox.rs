@@ -421,7 +421,9 @@ pub async fn seqs_with_status(db: &Db, status: &str) -> Result<Vec<i64>, StoreEr
 /// statement (bulk writers, benchmarks). Same rows as [`append`].
 pub async fn append_many(tx: &mut Tx<'_>, events: &[OutboxEvent]) -> Result<(), StoreError> {
     let now = now_ms();
-    for chunk in events.chunks(400) {
+    // Rows in statements of a few fixed sizes: a writer's batches of every
+    // size would otherwise each be prepared anew (see STATEMENT_ROWS).
+    for chunk in events.chunks(400).flat_map(statement_chunks) {
         let values: Vec<String> =
             (0..chunk.len()).map(|i| format!("({})", placeholders(1 + i * INSERT_COLUMN_COUNT, INSERT_COLUMN_COUNT))).collect();
         let sql = format!("INSERT INTO outbox ({INSERT_COLUMNS}) VALUES {}", values.join(", "));

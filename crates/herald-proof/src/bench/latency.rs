@@ -4,14 +4,16 @@
 //! Kafka → the search subscription → a reader.
 //!
 //! Each load runs for `--seconds` on topics of its own: a writer commits a
-//! small transaction of outbox rows every 10 ms (the load spread evenly),
-//! and about 200 events per second are probes, whose moments are noted
+//! small transaction of outbox rows every 10 ms (the load spread evenly;
+//! after a commit that returned late, everything owed since), and about
+//! 200 events per second are probes, whose moments are noted
 //! ([`super::probes`]): committed, readable by a plain consumer of the topic,
 //! visible to a reader polling the search inbox every 2 ms (the inbox row
 //! commits with the document). The reader's poll adds up to 2 ms; the
-//! subscription itself collects a batch for at most 20 ms after its first
-//! record (`SubscriptionOptions::max_wait`). Without `--kafka`, a private
-//! three-node Apache Kafka cluster is started from `HERALD_KAFKA_HOME`.
+//! subscription keeps receiving after a poll's first record only while its
+//! lanes are busy, for at most 20 ms (`SubscriptionOptions::max_wait`).
+//! Without `--kafka`, a private three-node Apache Kafka cluster is started
+//! from `HERALD_KAFKA_HOME`.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,7 +27,7 @@ use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
 use herald_envelope::OutboxEvent;
 use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_projections::search::{self, Search};
-use herald_relay::{Relay, RelayConfig};
+use herald_relay::{Relay, RelayConfig, RelayCounters};
 use herald_store::{Db, inbox, outbox};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -77,6 +79,37 @@ struct Load {
     summary: Summary,
     /// The raw rdkafka client at the same load: send → readable.
     raw: Summary,
+    relay: RelayBatches,
+}
+
+/// Where the relay's part went: per batch, on average, the rows it carried
+/// and the time its slice spent reading it, awaiting the broker's
+/// acknowledgements (`acks=all`) and waiting for the progress write.
+struct RelayBatches {
+    batches: u64,
+    rows: f64,
+    read_ms: f64,
+    acks_ms: f64,
+    record_ms: f64,
+}
+
+impl RelayBatches {
+    fn of(counters: &RelayCounters) -> RelayBatches {
+        let batches = RelayCounters::get(&counters.batches);
+        let per_batch = |c: &AtomicU64| RelayCounters::get(c) as f64 / batches.max(1) as f64;
+        RelayBatches {
+            batches,
+            rows: per_batch(&counters.sent),
+            read_ms: per_batch(&counters.read_us) / 1000.0,
+            acks_ms: per_batch(&counters.publish_us) / 1000.0,
+            record_ms: per_batch(&counters.record_us) / 1000.0,
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({ "batches": self.batches, "rows": round1(self.rows), "read_ms": round1(self.read_ms),
+                "await_acks_ms": round1(self.acks_ms), "await_progress_write_ms": round1(self.record_ms) })
+    }
 }
 
 pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
@@ -126,6 +159,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
         kafka,
         RelayConfig { owner: format!("latency-{run}"), in_flight: args.in_flight as usize, ..RelayConfig::default() },
     )?;
+    let relay_counters = relay.counters();
     let relay = tokio::spawn({
         let stop = stop.clone();
         async move { relay.run(stop).await }
@@ -170,7 +204,8 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     let owed = herald_store::delivered::count_except(db, outbox::DELIVERED).await?;
     anyhow::ensure!(owed == 0, "{owed} outbox rows not delivered");
     let raw = raw_client(kafka, args, rate).await?;
-    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw })
+    let relay = RelayBatches::of(&relay_counters);
+    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw, relay })
 }
 
 /// The floor on this cluster: a plain producer (Herald's settings: acks=all,
@@ -209,17 +244,16 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
     Ok(probes.summary())
 }
 
-/// Commits `rate / 100` events every 10 ms for `seconds`, the fractions
-/// carried over; a late tick is caught up at once, so the offered load holds.
+/// Commits what is due every 10 ms for `seconds`: `rate / 100` events, or
+/// everything owed since the last commit when that commit returned late, so
+/// the offered load holds.
 async fn offer(db: &Db, topic: &str, run: &str, rate: u32, seconds: u64, probes: &Probes) -> anyhow::Result<usize> {
     let mut pace = Pace::new(rate, seconds, TICK, PROBES_PER_SEC);
     let mut appended = 0;
     while let Some(n) = pace.due().await {
-        if n > 0 {
-            let (ids, at) = append(db, topic, run, appended, n).await?;
-            probes.committed(&pace.probe_ids(appended, ids.iter().map(String::as_str)), at);
-            appended += n;
-        }
+        let (ids, at) = append(db, topic, run, appended, n).await?;
+        probes.committed(&pace.probe_ids(appended, ids.iter().map(String::as_str)), at);
+        appended += n;
     }
     Ok(appended)
 }
@@ -316,6 +350,7 @@ fn to_json(loads: &[Load], broker: &str) -> serde_json::Value {
                     "topic_to_visible": stage_json(&l.summary.topic_to_visible),
                     "raw_send_to_readable": stage_json(&l.raw.commit_to_topic),
                 },
+                "relay_per_batch": l.relay.to_json(),
             })
         })
         .collect();
@@ -336,6 +371,12 @@ fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
             let [p50, p99, max] = percentiles(samples);
             println!("| {:.0} | {stage} | {p50:.1} | {p99:.1} | {max:.1} | {} |", l.offered_eps, samples.len());
         }
+    }
+    println!("\n| offered events/s | relay batches | rows per batch | read ms | awaiting acks ms | awaiting progress write ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for l in loads {
+        let r = &l.relay;
+        println!("| {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.offered_eps, r.batches, r.rows, r.read_ms, r.acks_ms, r.record_ms);
     }
     println!();
     for l in loads {

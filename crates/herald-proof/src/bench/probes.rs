@@ -85,51 +85,67 @@ impl Probes {
     }
 }
 
-/// An offered load: `rate` events/s as a count due every `tick`, the
-/// fractions carried over; a late tick is caught up at once, so the load
-/// holds. About `probes_per_sec` of the events are probes.
+/// An offered load: `rate` events/s for `seconds`, what is due counted from
+/// the clock rather than from ticks, so a writer that comes back late from
+/// a commit takes everything owed since in its next one and the load holds
+/// (counting per tick, a writer slower than a tick fell behind for good).
+/// About `probes_per_sec` of the events are probes.
 pub(crate) struct Pace {
     tick: tokio::time::Interval,
-    per_tick: f64,
-    owed: f64,
-    end: Instant,
+    rate: f64,
+    started: Instant,
+    seconds: Duration,
+    issued: usize,
     probe_every: usize,
 }
 
 impl Pace {
     pub fn new(rate: u32, seconds: u64, tick: Duration, probes_per_sec: u32) -> Pace {
         let mut interval = tokio::time::interval(tick);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Pace {
             tick: interval,
-            per_tick: f64::from(rate) * tick.as_secs_f64(),
-            owed: 0.0,
-            end: Instant::now() + Duration::from_secs(seconds),
+            rate: f64::from(rate),
+            started: Instant::now(),
+            seconds: Duration::from_secs(seconds),
+            issued: 0,
             probe_every: (rate / probes_per_sec).max(1) as usize,
         }
     }
 
-    /// Events due at the next tick; `None` once the load's time is up.
+    /// Events due at the next tick that owes any (never zero); `None` once
+    /// the whole load was issued.
     pub async fn due(&mut self) -> Option<usize> {
-        if Instant::now() >= self.end {
-            return None;
+        while self.issued < self.total() {
+            if self.started.elapsed() < self.seconds {
+                self.tick.tick().await;
+            }
+            let owed = self.owed_at(self.started.elapsed());
+            if owed > 0 {
+                return Some(owed);
+            }
         }
-        self.tick.tick().await;
-        Some(carry(&mut self.owed, self.per_tick))
+        None
+    }
+
+    /// Events owed `elapsed` into the load and not issued yet, now counted
+    /// as issued.
+    fn owed_at(&mut self, elapsed: Duration) -> usize {
+        let elapsed = elapsed.min(self.seconds);
+        let due = (self.rate * elapsed.as_secs_f64()).floor() as usize;
+        let owed = due.saturating_sub(self.issued);
+        self.issued += owed;
+        owed
+    }
+
+    fn total(&self) -> usize {
+        (self.rate * self.seconds.as_secs_f64()).floor() as usize
     }
 
     /// Ids of the probes among events `from, from + 1, …`.
     pub fn probe_ids<'a>(&self, from: usize, ids: impl IntoIterator<Item = &'a str>) -> Vec<String> {
         (from..).zip(ids).filter(|(i, _)| i % self.probe_every == 0).map(|(_, id)| id.to_owned()).collect()
     }
-}
-
-/// Whole events due after one more tick of `per_tick`; the fraction stays owed.
-fn carry(owed: &mut f64, per_tick: f64) -> usize {
-    *owed += per_tick;
-    let n = owed.floor() as usize;
-    *owed -= n as f64;
-    n
 }
 
 /// Latencies of one load.
@@ -173,10 +189,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_pace_carries_fractions_and_picks_its_probes() {
-        let mut owed = 0.0;
-        let due: Vec<usize> = (0..4).map(|_| carry(&mut owed, 2.5)).collect();
-        assert_eq!(due, [2, 3, 2, 3], "250 events/s in 10 ms ticks");
+    async fn a_pace_owes_by_the_clock_and_picks_its_probes() {
+        let mut pace = Pace::new(10_000, 1, Duration::from_millis(10), 200);
+        assert_eq!(pace.owed_at(Duration::from_millis(10)), 100);
+        // The writer's commit took 42 ms: its next transaction carries all of
+        // them (counted per tick, it carried 100 and fell behind for good).
+        assert_eq!(pace.owed_at(Duration::from_millis(52)), 420);
+        assert_eq!(pace.owed_at(Duration::from_micros(52_250)), 2, "fractions wait for the next tick");
+        assert_eq!(pace.owed_at(Duration::from_secs(3)), 10_000 - 522, "nothing past the load's end");
+        assert_eq!(pace.due().await, None, "the whole load was issued");
+        let mut slow = Pace::new(10, 1, Duration::from_millis(10), 1);
+        assert_eq!(slow.due().await, Some(1), "ticks that owe nothing are skipped, not returned as zero");
         let pace = Pace { probe_every: 2, ..Pace::new(1, 1, Duration::from_millis(10), 1) };
         assert_eq!(pace.probe_ids(4, ["a", "b", "c"]), ["a", "c"]);
     }
