@@ -167,6 +167,42 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
     Ok(row.try_get("n")?)
 }
 
+/// Which of `keys` `subscription` has admitted: for a reader that waits on
+/// an event's effect (the latency benchmark's, tests), since the inbox row
+/// commits with it. One statement per source, each key looked up through the
+/// primary key: with the source left out, PostgreSQL walks every row of the
+/// subscription for each call (a reader asking every few milliseconds then
+/// takes a core for itself once the inbox holds a few hundred thousand rows).
+pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Result<HashSet<EventKey>, StoreError> {
+    let mut by_source: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
+    for key in keys {
+        by_source.entry(key.source.as_str()).or_default().push(key.id.as_str());
+    }
+    let mut seen = HashSet::new();
+    for (source, ids) in by_source {
+        for chunk in ids.chunks(SEEN_CHUNK) {
+            let sql = seen_statement(chunk.len());
+            let mut query = sqlx::query(&sql).bind(subscription).bind(source);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            for row in query.fetch_all(db.pool()).await? {
+                seen.insert(EventKey { source: source.to_owned(), id: row.try_get("event_id")? });
+            }
+        }
+    }
+    Ok(seen)
+}
+
+/// Keys per statement of [`seen_among`], well inside both backends' limits
+/// on bound parameters.
+const SEEN_CHUNK: usize = 500;
+
+fn seen_statement(ids: usize) -> String {
+    let ids = crate::outbox::placeholders(3, ids);
+    format!("SELECT event_id FROM inbox WHERE subscription = $1 AND source = $2 AND event_id IN ({ids})")
+}
+
 /// One record admitted on PostgreSQL's native driver (a replay, a live
 /// batch's fast path).
 #[derive(Debug, Clone, Copy)]
@@ -220,4 +256,58 @@ async fn insert_pg(
         .bind(entries.iter().map(|e| e.offset).collect::<Vec<_>>())
         .fetch_all(&mut *conn)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The statement must reach each key through the primary key
+    /// (subscription, source, event_id), not walk the subscription's rows
+    /// and filter them: the benchmark's reader asked every 2 ms and, without
+    /// the source, each ask read the whole subscription (480 ms at 360,000
+    /// rows, BENCHMARKS.md "Latency").
+    #[tokio::test]
+    async fn a_lookup_of_seen_keys_goes_through_the_whole_primary_key_postgres() -> anyhow::Result<()> {
+        let test_db = herald_testkit::postgres_db().await?;
+        let db = Db::connect_and_migrate(&test_db.url).await?;
+        sqlx::query(
+            "INSERT INTO inbox (subscription, source, event_id, event_type, topic, kafka_partition, kafka_offset, processed_at_ms) \
+             SELECT 'search', '/test', 'e-' || i, 't', 't', 0, i, 0 FROM generate_series(1, 20000) AS i",
+        )
+        .execute(db.pool())
+        .await?;
+        sqlx::query("ANALYZE inbox").execute(db.pool()).await?;
+        let sql = format!("EXPLAIN {}", seen_statement(3));
+        let mut explain = sqlx::query(&sql).bind("search").bind("/test");
+        for id in ["e-7", "e-19999", "absent"] {
+            explain = explain.bind(id);
+        }
+        let plan: Vec<String> = explain.fetch_all(db.pool()).await?.iter().map(|r| r.try_get(0)).collect::<Result<_, _>>()?;
+        let conditions: Vec<&String> = plan.iter().filter(|line| line.contains("Index Cond")).collect();
+        assert!(conditions.iter().any(|c| c.contains("event_id")), "event_id must be an index condition:\n{}", plan.join("\n"));
+        assert!(!plan.iter().any(|line| line.contains("Filter")), "nothing filtered after the index:\n{}", plan.join("\n"));
+
+        let keys = |ids: &[&str]| ids.iter().map(|id| EventKey { source: "/test".into(), id: (*id).into() }).collect::<Vec<_>>();
+        let mut asked = keys(&["e-7", "e-19999", "absent"]);
+        asked.push(EventKey { source: "/elsewhere".into(), id: "e-7".into() });
+        assert_eq!(seen_among(&db, "search", &asked).await?, keys(&["e-7", "e-19999"]).into_iter().collect());
+        assert!(seen_among(&db, "other", &asked).await?.is_empty(), "another subscription's inbox is its own");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn seen_keys_are_those_of_the_subscription_and_source_asked_sqlite() -> anyhow::Result<()> {
+        let test_db = herald_testkit::sqlite_db()?;
+        let db = Db::connect_and_migrate(&test_db.url).await?;
+        let (seen, unseen) = (EventKey { source: "/test".into(), id: "a".into() }, EventKey { source: "/test".into(), id: "b".into() });
+        let mut tx = db.begin().await?;
+        assert!(admit(&mut tx, "search", &seen, "t", &Delivery { topic: "t", partition: 0, offset: 0 }).await?);
+        tx.commit().await?;
+        let elsewhere = EventKey { source: "/elsewhere".into(), id: "a".into() };
+        let asked = [seen.clone(), unseen, elsewhere];
+        assert_eq!(seen_among(&db, "search", &asked).await?, HashSet::from([seen]));
+        assert!(seen_among(&db, "other", &asked).await?.is_empty());
+        Ok(())
+    }
 }

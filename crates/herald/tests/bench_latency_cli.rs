@@ -5,12 +5,25 @@
 //! percentiles and stages, in order. No figure is judged: speed is the
 //! benchmark's business, not a test's.
 
+use std::collections::BTreeSet;
 use std::process::Command;
+use std::time::Duration;
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+/// The cluster's topics the latency benchmark names (`latency-…`).
+fn latency_topics(brokers: &str) -> anyhow::Result<BTreeSet<String>> {
+    let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
+    let metadata = client.fetch_metadata(None, Duration::from_secs(30))?;
+    Ok(metadata.topics().iter().map(|t| t.name().to_owned()).filter(|t| t.starts_with("latency-")).collect())
+}
 
 #[test]
 fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() -> anyhow::Result<()> {
     let server = std::env::var(herald_testkit::DATABASE_URL_ENV)?;
     let brokers = herald_testkit::real_broker()?;
+    let before = latency_topics(&brokers)?;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["bench", "latency", "--rates", "100,400", "--seconds", "2", "--json", "--database", &server, "--kafka", &brokers])
         .env("HERALD_LOG", "error")
@@ -29,6 +42,19 @@ fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() 
             assert!(s["samples"].as_u64().is_some_and(|n| n > 0), "{stage} in {load}");
             assert!(s["p99_ms"].as_f64().is_some_and(|v| v >= 0.0), "{stage} in {load}");
         }
+        let subscription = &load["subscription_per_batch"];
+        assert!(subscription["batches"].as_u64().is_some_and(|n| n > 0), "{load}");
+        assert!(subscription["records"].as_f64().is_some_and(|n| n >= 1.0), "{load}");
+        assert!(subscription["stages"]["transaction_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{load}");
     }
+    // Each load's topics are gone (a cluster serving many runs would slow
+    // down under them); the brokers' metadata follows a deletion shortly.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut left = latency_topics(&brokers)?;
+    while left != before && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        left = latency_topics(&brokers)?;
+    }
+    assert_eq!(left, before, "the benchmark's topics are left on the cluster");
     Ok(())
 }

@@ -24,10 +24,10 @@ use anyhow::Context;
 use chrono::Utc;
 use clap::Args;
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
-use herald_envelope::OutboxEvent;
+use herald_envelope::{EventKey, OutboxEvent, SOURCE_EXPORTS};
 use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_projections::search::{self, Search};
-use herald_relay::{Relay, RelayConfig, RelayCounters};
+use herald_relay::{Relay, RelayConfig};
 use herald_store::{Db, inbox, outbox};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -35,6 +35,7 @@ use rdkafka::message::Headers;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::latency_parts::{RelayBatches, SubscriptionBatches};
 use super::probes::{Pace, Probes, Summary, percentiles, round1, stage_json};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
@@ -80,36 +81,7 @@ struct Load {
     /// The raw rdkafka client at the same load: send → readable.
     raw: Summary,
     relay: RelayBatches,
-}
-
-/// Where the relay's part went: per batch, on average, the rows it carried
-/// and the time its slice spent reading it, awaiting the broker's
-/// acknowledgements (`acks=all`) and waiting for the progress write.
-struct RelayBatches {
-    batches: u64,
-    rows: f64,
-    read_ms: f64,
-    acks_ms: f64,
-    record_ms: f64,
-}
-
-impl RelayBatches {
-    fn of(counters: &RelayCounters) -> RelayBatches {
-        let batches = RelayCounters::get(&counters.batches);
-        let per_batch = |c: &AtomicU64| RelayCounters::get(c) as f64 / batches.max(1) as f64;
-        RelayBatches {
-            batches,
-            rows: per_batch(&counters.sent),
-            read_ms: per_batch(&counters.read_us) / 1000.0,
-            acks_ms: per_batch(&counters.publish_us) / 1000.0,
-            record_ms: per_batch(&counters.record_us) / 1000.0,
-        }
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        json!({ "batches": self.batches, "rows": round1(self.rows), "read_ms": round1(self.read_ms),
-                "await_acks_ms": round1(self.acks_ms), "await_progress_write_ms": round1(self.record_ms) })
-    }
+    subscription: SubscriptionBatches,
 }
 
 pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
@@ -166,11 +138,12 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     });
     let sub = Subscription::new(search::SUBSCRIPTION, &format!("latency-{run}"), kafka, &[topics.events.as_str()]);
     let subscription_db = Db::connect(url).await?;
+    let metrics = Arc::new(Metrics::default());
     let subscription = tokio::spawn({
-        let (db, stop) = (subscription_db.clone(), stop.clone());
+        let (db, stop, metrics) = (subscription_db.clone(), stop.clone(), metrics.clone());
         async move {
             let handler = herald_wiring::subscriptions::live(Search, &sub);
-            herald_consumer::run_subscription(&sub, &db, &handler, &SubscriptionOptions::default(), &Metrics::default(), stop).await
+            herald_consumer::run_subscription(&sub, &db, &handler, &SubscriptionOptions::default(), &metrics, stop).await
         }
     });
     let seen = Arc::new(AtomicU64::new(0));
@@ -187,11 +160,14 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     let appended = offer(db, &topics.events, run, rate, args.seconds, &probes).await?;
     let offered_eps = appended as f64 / started.elapsed().as_secs_f64();
     let want = before + 1 + appended as i64;
-    wait_for(db, want, Duration::from_secs(120)).await.context("not every event became visible")?;
-    let quiet = Instant::now() + Duration::from_secs(30);
+    // The reader's lookups are cheap and already running: the inbox is only
+    // counted (a walk over every row of the subscription) once the probes
+    // are in, so the count does not compete with the tail it measures.
+    let quiet = Instant::now() + Duration::from_secs(120);
     while !probes.outstanding(1).is_empty() && Instant::now() < quiet {
         tokio::time::sleep(READ_EVERY).await;
     }
+    wait_for(db, want, Duration::from_secs(120)).await.context("not every event became visible")?;
     stop.cancel();
     relay.await?;
     subscription.await??;
@@ -203,9 +179,10 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     anyhow::ensure!(applied == want, "the search inbox holds {applied} events, {want} were appended");
     let owed = herald_store::delivered::count_except(db, outbox::DELIVERED).await?;
     anyhow::ensure!(owed == 0, "{owed} outbox rows not delivered");
+    super::broker::delete_topics(kafka, &topics.all()).await?;
     let raw = raw_client(kafka, args, rate).await?;
-    let relay = RelayBatches::of(&relay_counters);
-    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw, relay })
+    let (relay, subscription) = (RelayBatches::of(&relay_counters), SubscriptionBatches::of(&metrics));
+    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw, relay, subscription })
 }
 
 /// The floor on this cluster: a plain producer (Herald's settings: acks=all,
@@ -241,6 +218,7 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
     }
     stop.cancel();
     observer.await??;
+    super::broker::delete_topics(kafka, &[&topic]).await?;
     Ok(probes.summary())
 }
 
@@ -292,7 +270,8 @@ async fn observe(kafka: KafkaConfig, topic: String, probes: Probes, seen: Arc<At
 }
 
 /// A reader: every 2 ms, which of the oldest outstanding probes the search
-/// inbox shows (its row commits with the document).
+/// inbox shows (its row commits with the document). Every event of the run
+/// comes from [`OutboxEvent::new`]'s source.
 async fn read_visible(db: Db, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
     let mut tick = tokio::time::interval(READ_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -302,12 +281,10 @@ async fn read_visible(db: Db, probes: Probes, stop: CancellationToken) -> anyhow
         if open.is_empty() {
             continue;
         }
-        let list = open.iter().map(|id| format!("'{}'", id.replace('\'', "''"))).collect::<Vec<_>>().join(", ");
-        let sql = format!("SELECT event_id FROM inbox WHERE subscription = $1 AND event_id IN ({list})");
-        let rows = sqlx::query(&sql).bind(search::SUBSCRIPTION).fetch_all(db.pool()).await?;
+        let keys: Vec<EventKey> = open.into_iter().map(|id| EventKey { source: SOURCE_EXPORTS.to_owned(), id }).collect();
+        let seen = inbox::seen_among(&db, search::SUBSCRIPTION, &keys).await?;
         let at = Instant::now();
-        let seen: Vec<String> = rows.iter().map(|r| sqlx::Row::try_get(r, "event_id")).collect::<Result<_, _>>()?;
-        probes.visible(&seen, at);
+        probes.visible(&seen.into_iter().map(|k| k.id).collect::<Vec<_>>(), at);
     }
     Ok(())
 }
@@ -351,6 +328,7 @@ fn to_json(loads: &[Load], broker: &str) -> serde_json::Value {
                     "raw_send_to_readable": stage_json(&l.raw.commit_to_topic),
                 },
                 "relay_per_batch": l.relay.to_json(),
+                "subscription_per_batch": l.subscription.to_json(),
             })
         })
         .collect();
@@ -377,6 +355,16 @@ fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
     for l in loads {
         let r = &l.relay;
         println!("| {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} |", l.offered_eps, r.batches, r.rows, r.read_ms, r.acks_ms, r.record_ms);
+    }
+    if let Some(first) = loads.first() {
+        let stages: Vec<&str> = first.subscription.stages_ms.iter().map(|(stage, _)| *stage).collect();
+        println!("\n| offered events/s | subscription batches | records per batch | {} ms |", stages.join(" ms | "));
+        println!("|---:|---:|---:|{}", "---:|".repeat(stages.len()));
+    }
+    for l in loads {
+        let s = &l.subscription;
+        let stages: Vec<String> = s.stages_ms.iter().map(|(_, ms)| format!("{ms:.1}")).collect();
+        println!("| {:.0} | {} | {:.1} | {} |", l.offered_eps, s.batches, s.records, stages.join(" | "));
     }
     println!();
     for l in loads {

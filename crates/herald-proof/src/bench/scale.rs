@@ -113,7 +113,7 @@ async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenc
     let topic = format!("bench.scale-relay-{run}");
     herald_kafka::ensure_topics(&cluster.kafka, &[topic.as_str()], TopicSettings::partitions(args.partitions)).await?;
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let result = async {
+    let result: anyhow::Result<Round> = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
         let url = scratch.url.expose().to_owned();
         let role = |i: u32| -> Vec<String> {
@@ -135,7 +135,10 @@ async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenc
     }
     .await;
     scratch.drop_db().await;
-    result
+    let deleted = super::broker::delete_topics(&cluster.kafka, &[&topic]).await;
+    let round = result?;
+    deleted?;
+    Ok(round)
 }
 
 /// `n` members of one group apply `args.events` records published before they start.
@@ -145,7 +148,7 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
     let topics = Topics::with_prefix(&prefix);
     herald_kafka::ensure_topics(&cluster.kafka, &topics.all(), TopicSettings::partitions(args.partitions)).await?;
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let result = async {
+    let result: anyhow::Result<Round> = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
         let url = scratch.url.expose().to_owned();
         let group = format!("bench-scale-{run}");
@@ -169,7 +172,10 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
     }
     .await;
     scratch.drop_db().await;
-    result
+    let deleted = super::broker::delete_topics(&cluster.kafka, &topics.all()).await;
+    let round = result?;
+    deleted?;
+    Ok(round)
 }
 
 async fn publish_completions(kafka: &KafkaConfig, topic: &str, run: &str, n: u64) -> anyhow::Result<()> {
