@@ -25,11 +25,26 @@ fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() 
     let brokers = herald_testkit::real_broker()?;
     let before = latency_topics(&brokers)?;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["bench", "latency", "--rates", "100,400", "--seconds", "2", "--json", "--database", &server, "--kafka", &brokers])
+        .args([
+            "bench",
+            "latency",
+            "--rates",
+            "100,400",
+            "--seconds",
+            "2",
+            "--lanes",
+            "3",
+            "--json",
+            "--database",
+            &server,
+            "--kafka",
+            &brokers,
+        ])
         .env("HERALD_LOG", "error")
         .output()?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(figures["subscription_lanes"], 3, "{figures}");
     let rates = figures["rates"].as_array().expect("rates");
     assert_eq!(rates.iter().map(|r| r["rate"].as_u64()).collect::<Vec<_>>(), [Some(100), Some(400)], "{figures}");
     for load in rates {

@@ -54,6 +54,9 @@ pub struct LatencyBenchArgs {
     /// Batches of one relay slice out at once (`herald relay --in-flight`).
     #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub in_flight: u64,
+    /// Lanes of the search subscription (`SubscriptionOptions::lanes`).
+    #[arg(long, default_value_t = SubscriptionOptions::default().lanes as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub lanes: u64,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -105,7 +108,7 @@ pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
         },
         |loads: Vec<Load>| {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&to_json(&loads, &broker))?);
+                println!("{}", serde_json::to_string_pretty(&to_json(&loads, &broker, args))?);
             } else {
                 print(&loads, &broker, args);
             }
@@ -139,11 +142,12 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     let sub = Subscription::new(search::SUBSCRIPTION, &format!("latency-{run}"), kafka, &[topics.events.as_str()]);
     let subscription_db = Db::connect(url).await?;
     let metrics = Arc::new(Metrics::default());
+    let options = SubscriptionOptions { lanes: args.lanes as usize, ..SubscriptionOptions::default() };
     let subscription = tokio::spawn({
         let (db, stop, metrics) = (subscription_db.clone(), stop.clone(), metrics.clone());
         async move {
             let handler = herald_wiring::subscriptions::live(Search, &sub);
-            herald_consumer::run_subscription(&sub, &db, &handler, &SubscriptionOptions::default(), &metrics, stop).await
+            herald_consumer::run_subscription(&sub, &db, &handler, &options, &metrics, stop).await
         }
     });
     let seen = Arc::new(AtomicU64::new(0));
@@ -312,7 +316,7 @@ fn target_of(rate: u32) -> Option<f64> {
     TARGETS_MS.iter().find(|(r, _)| *r == rate).map(|(_, ms)| *ms)
 }
 
-fn to_json(loads: &[Load], broker: &str) -> serde_json::Value {
+fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs) -> serde_json::Value {
     let rates: Vec<serde_json::Value> = loads
         .iter()
         .map(|l| {
@@ -332,11 +336,15 @@ fn to_json(loads: &[Load], broker: &str) -> serde_json::Value {
             })
         })
         .collect();
-    json!({ "broker": broker, "rates": rates })
+    json!({ "broker": broker, "seconds": args.seconds, "partitions": args.partitions, "relay_in_flight": args.in_flight,
+            "subscription_lanes": args.lanes, "rates": rates })
 }
 
 fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
-    println!("herald bench latency — {} s per load, {} partitions, Kafka: {broker}\n", args.seconds, args.partitions);
+    println!(
+        "herald bench latency — {} s per load, {} partitions, relay in flight {}, subscription lanes {}, Kafka: {broker}\n",
+        args.seconds, args.partitions, args.in_flight, args.lanes
+    );
     println!("| offered events/s | stage | p50 ms | p99 ms | max ms | samples |");
     println!("|---:|---|---:|---:|---:|---:|");
     for l in loads {
