@@ -47,7 +47,7 @@ async fn the_guide_runs_as_written_postgres() -> anyhow::Result<()> {
     let script = session(&blocks).replace("shop.orders", &format!("{prefix}.orders")).replace("shop.other", &format!("{prefix}.other"));
 
     let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
-    let child = tokio::process::Command::new("bash")
+    let mut child = tokio::process::Command::new("bash")
         .args(["-c", &script])
         .env("PATH", path)
         .env("HERALD_DATABASE_URL", &test_db.url)
@@ -56,14 +56,51 @@ async fn the_guide_runs_as_written_postgres() -> anyhow::Result<()> {
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own process group, so a session that hangs can be killed with
+        // its background jobs (the trap only runs when bash exits).
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()?;
-    let out = tokio::time::timeout(Duration::from_secs(240), child.wait_with_output())
-        .await
-        .map_err(|_| anyhow::anyhow!("the guide's session did not finish in 240 s"))??;
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the guide failed ({}):\n{stdout}\n{stderr}", out.status);
+    // Collected as it comes: the background jobs hold the pipes open, so a
+    // hung session's output would otherwise be lost with it.
+    let ((stdout, stdout_read), (stderr, stderr_read)) = (collect(child.stdout.take()), collect(child.stderr.take()));
+    let status = match tokio::time::timeout(Duration::from_secs(240), child.wait()).await {
+        Ok(status) => status?,
+        Err(_) => {
+            if let Some(pid) = child.id() {
+                let _ = std::process::Command::new("kill").args(["-KILL", "--", &format!("-{pid}")]).status();
+            }
+            anyhow::bail!("the guide's session did not finish in 240 s; so far:\n{}\n{}", text(&stdout), text(&stderr));
+        }
+    };
+    // bash is gone and its trap killed the jobs: the pipes end.
+    let _ = tokio::time::timeout(Duration::from_secs(30), futures::future::join(stdout_read, stderr_read)).await;
+    let (stdout, stderr) = (text(&stdout), text(&stderr));
+    assert!(status.success(), "the guide failed ({status}):\n{stdout}\n{stderr}");
     assert_eq!(stdout.matches("alice: 2 orders, 5000 cents").count(), 2, "before and after the rebuild:\n{stdout}\n{stderr}");
     assert!(stdout.contains("generation 2 active"), "{stdout}\n{stderr}");
     Ok(())
+}
+
+type Collected = std::sync::Arc<std::sync::Mutex<Vec<u8>>>;
+
+/// Reads `pipe` in the background, to its end, into a buffer that can be
+/// looked at any time.
+fn collect(pipe: Option<impl tokio::io::AsyncRead + Unpin + Send + 'static>) -> (Collected, tokio::task::JoinHandle<()>) {
+    let buffer = Collected::default();
+    let reader = tokio::spawn({
+        let buffer = buffer.clone();
+        async move {
+            let Some(mut pipe) = pipe else { return };
+            let mut chunk = [0u8; 4096];
+            while let Ok(n @ 1..) = tokio::io::AsyncReadExt::read(&mut pipe, &mut chunk).await {
+                buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).extend_from_slice(&chunk[..n]);
+            }
+        }
+    });
+    (buffer, reader)
+}
+
+fn text(collected: &Collected) -> String {
+    String::from_utf8_lossy(&collected.lock().unwrap_or_else(std::sync::PoisonError::into_inner)).into_owned()
 }
