@@ -169,10 +169,12 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
 
 /// Which of `keys` `subscription` has admitted: for a reader that waits on
 /// an event's effect (the latency benchmark's, tests), since the inbox row
-/// commits with it. One statement per source, each key looked up through the
+/// commits with it. Statements per source, each key looked up through the
 /// primary key: with the source left out, PostgreSQL walks every row of the
 /// subscription for each call (a reader asking every few milliseconds then
 /// takes a core for itself once the inbox holds a few hundred thousand rows).
+/// The keys go in [`crate::outbox::statement_chunks`]' few sizes, so a reader
+/// asking for a different number each time reuses prepared statements.
 pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Result<HashSet<EventKey>, StoreError> {
     let mut by_source: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
     for key in keys {
@@ -180,7 +182,7 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
     }
     let mut seen = HashSet::new();
     for (source, ids) in by_source {
-        for chunk in ids.chunks(SEEN_CHUNK) {
+        for chunk in crate::outbox::statement_chunks(&ids) {
             let sql = seen_statement(chunk.len());
             let mut query = sqlx::query(&sql).bind(subscription).bind(source);
             for id in chunk {
@@ -193,10 +195,6 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
     }
     Ok(seen)
 }
-
-/// Keys per statement of [`seen_among`], well inside both backends' limits
-/// on bound parameters.
-const SEEN_CHUNK: usize = 500;
 
 fn seen_statement(ids: usize) -> String {
     let ids = crate::outbox::placeholders(3, ids);
@@ -306,8 +304,12 @@ mod tests {
         tx.commit().await?;
         let elsewhere = EventKey { source: "/elsewhere".into(), id: "a".into() };
         let asked = [seen.clone(), unseen, elsewhere];
-        assert_eq!(seen_among(&db, "search", &asked).await?, HashSet::from([seen]));
+        assert_eq!(seen_among(&db, "search", &asked).await?, HashSet::from([seen.clone()]));
         assert!(seen_among(&db, "other", &asked).await?.is_empty());
+        // 137 keys go as statements of 100, 20, 10, 5 and 2: every one is asked.
+        let mut many: Vec<EventKey> = (0..136).map(|i| EventKey { source: "/test".into(), id: format!("x-{i}") }).collect();
+        many.push(seen.clone());
+        assert_eq!(seen_among(&db, "search", &many).await?, HashSet::from([seen]));
         Ok(())
     }
 }

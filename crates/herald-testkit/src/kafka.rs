@@ -94,3 +94,11 @@ pub fn first_occurrences_by_key(records: &[Record]) -> std::collections::BTreeMa
     }
     by_key
 }
+
+/// The names of the cluster's topics that start with `prefix`, as the
+/// metadata says now (a deletion reaches it shortly after it is accepted).
+pub fn topics_starting_with(brokers: &str, prefix: &str) -> anyhow::Result<std::collections::BTreeSet<String>> {
+    let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create().context("creating a metadata reader")?;
+    let metadata = client.fetch_metadata(None, Duration::from_secs(30)).context("fetching the cluster's metadata")?;
+    Ok(metadata.topics().iter().map(|t| t.name().to_owned()).filter(|t| t.starts_with(prefix)).collect())
+}

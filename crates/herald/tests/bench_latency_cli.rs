@@ -5,25 +5,16 @@
 //! percentiles and stages, in order. No figure is judged: speed is the
 //! benchmark's business, not a test's.
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
-use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use herald_testkit::kafka::topics_starting_with;
 
-/// The cluster's topics the latency benchmark names (`latency-…`).
-fn latency_topics(brokers: &str) -> anyhow::Result<BTreeSet<String>> {
-    let client: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create()?;
-    let metadata = client.fetch_metadata(None, Duration::from_secs(30))?;
-    Ok(metadata.topics().iter().map(|t| t.name().to_owned()).filter(|t| t.starts_with("latency-")).collect())
-}
-
-#[test]
-fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() -> anyhow::Result<()> {
+#[tokio::test(flavor = "multi_thread")]
+async fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() -> anyhow::Result<()> {
     let server = std::env::var(herald_testkit::DATABASE_URL_ENV)?;
     let brokers = herald_testkit::real_broker()?;
-    let before = latency_topics(&brokers)?;
+    let before = topics_starting_with(&brokers, "latency-")?;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args([
             "bench",
@@ -62,14 +53,7 @@ fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_broker() 
         assert!(subscription["records"].as_f64().is_some_and(|n| n >= 1.0), "{load}");
         assert!(subscription["stages"]["transaction_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{load}");
     }
-    // Each load's topics are gone (a cluster serving many runs would slow
-    // down under them); the brokers' metadata follows a deletion shortly.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let mut left = latency_topics(&brokers)?;
-    while left != before && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(200));
-        left = latency_topics(&brokers)?;
-    }
-    assert_eq!(left, before, "the benchmark's topics are left on the cluster");
-    Ok(())
+    // Each load's topics are gone: a cluster serving many runs would slow down under them.
+    let gone = || async { Ok(topics_starting_with(&brokers, "latency-")? == before) };
+    herald_testkit::wait_until("the benchmark's topics to be deleted", Duration::from_secs(30), gone).await
 }

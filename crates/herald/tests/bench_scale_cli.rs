@@ -7,12 +7,24 @@
 //! shares as processes. No rate is judged: speed is the benchmark's
 //! business, not a test's.
 
+use std::collections::BTreeSet;
 use std::process::Command;
+use std::time::Duration;
 
-#[test]
-fn the_scale_benchmark_runs_each_process_count_and_the_shares_add_up_real_broker() -> anyhow::Result<()> {
+use herald_testkit::kafka::topics_starting_with;
+
+/// The topics `bench scale` names: its relay rounds' and its consume rounds'.
+fn scale_topics(brokers: &str) -> anyhow::Result<BTreeSet<String>> {
+    let mut topics = topics_starting_with(brokers, "bench.scale-relay-")?;
+    topics.extend(topics_starting_with(brokers, "bench-scale-")?);
+    Ok(topics)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scale_benchmark_runs_each_process_count_and_the_shares_add_up_real_broker() -> anyhow::Result<()> {
     let server = std::env::var(herald_testkit::DATABASE_URL_ENV)?;
     let brokers = herald_testkit::real_broker()?;
+    let before = scale_topics(&brokers)?;
     let events = 3000u64;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args([
@@ -44,5 +56,7 @@ fn the_scale_benchmark_runs_each_process_count_and_the_shares_add_up_real_broker
             assert_eq!(total, events, "{role}: every event done once, by one process: {round}");
         }
     }
-    Ok(())
+    // Each round's topics are gone: a cluster serving many runs would slow down under them.
+    let gone = || async { Ok(scale_topics(&brokers)? == before) };
+    herald_testkit::wait_until("the benchmark's topics to be deleted", Duration::from_secs(30), gone).await
 }

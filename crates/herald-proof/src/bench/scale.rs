@@ -113,7 +113,7 @@ async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenc
     let topic = format!("bench.scale-relay-{run}");
     herald_kafka::ensure_topics(&cluster.kafka, &[topic.as_str()], TopicSettings::partitions(args.partitions)).await?;
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let result: anyhow::Result<Round> = async {
+    let result = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
         let url = scratch.url.expose().to_owned();
         let role = |i: u32| -> Vec<String> {
@@ -134,11 +134,7 @@ async fn relay_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBenc
         Ok(Round { processes: n, events: args.events, secs, per_process })
     }
     .await;
-    scratch.drop_db().await;
-    let deleted = super::broker::delete_topics(&cluster.kafka, &[&topic]).await;
-    let round = result?;
-    deleted?;
-    Ok(round)
+    cleaned_up(result, scratch, &cluster.kafka, &[&topic]).await
 }
 
 /// `n` members of one group apply `args.events` records published before they start.
@@ -148,7 +144,7 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
     let topics = Topics::with_prefix(&prefix);
     herald_kafka::ensure_topics(&cluster.kafka, &topics.all(), TopicSettings::partitions(args.partitions)).await?;
     let scratch = ScratchDb::create(server, "herald_bench").await?;
-    let result: anyhow::Result<Round> = async {
+    let result = async {
         let db = Db::connect_and_migrate(scratch.url.expose()).await?;
         let url = scratch.url.expose().to_owned();
         let group = format!("bench-scale-{run}");
@@ -171,8 +167,14 @@ async fn consume_round(server: &SecretUrl, cluster: &RealCluster, args: &ScaleBe
         Ok(Round { processes: n, events: args.events, secs, per_process })
     }
     .await;
+    cleaned_up(result, scratch, &cluster.kafka, &topics.all()).await
+}
+
+/// A round's result once its scratch database and its topics are gone; a
+/// round that failed reports its own error before any of the cleanup's.
+async fn cleaned_up(result: anyhow::Result<Round>, scratch: ScratchDb, kafka: &KafkaConfig, topics: &[&str]) -> anyhow::Result<Round> {
     scratch.drop_db().await;
-    let deleted = super::broker::delete_topics(&cluster.kafka, &topics.all()).await;
+    let deleted = super::broker::delete_topics(kafka, topics).await;
     let round = result?;
     deleted?;
     Ok(round)
