@@ -36,6 +36,6 @@ mod wake;
 pub use config::RelayConfig;
 pub use counters::RelayCounters;
 pub use error::{Class, PublishError, RelayError, classify};
-pub use publish::producer_config;
+pub use publish::{check_producer_settings, producer_config};
 pub use relay::Relay;
 pub use routes::{RouteError, Routes};

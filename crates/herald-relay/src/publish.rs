@@ -31,6 +31,17 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
     config
 }
 
+/// Refuses producer settings librdkafka would refuse (an unknown key, a bad
+/// value) without building a client, so `herald relay --producer` can
+/// reject them as bad input before it opens anything.
+pub fn check_producer_settings(settings: &[(String, String)]) -> Result<(), KafkaError> {
+    let mut config = ClientConfig::new();
+    for (key, value) in settings {
+        config.set(key, value);
+    }
+    config.create_native_config().map(drop)
+}
+
 /// How long the backlog producer waits to fill a request. A slice's batch
 /// spreads over many partitions, so a full batch alone makes small requests;
 /// waiting this long lets the batches of all the slices draining a backlog
@@ -223,6 +234,15 @@ mod tests {
     use super::*;
 
     const MAX_IN_FLIGHT: &str = "max.in.flight.requests.per.connection";
+
+    #[test]
+    fn producer_settings_librdkafka_refuses_are_refused_up_front() {
+        let setting = |key: &str, value: &str| vec![(key.to_owned(), value.to_owned())];
+        check_producer_settings(&setting("linger.ms", "0")).expect("a known key and a good value");
+        let unknown = check_producer_settings(&setting("linger.mss", "0")).expect_err("an unknown key");
+        assert!(unknown.to_string().contains("linger.mss"), "{unknown}");
+        check_producer_settings(&setting("linger.ms", "soon")).expect_err("a value that is not a number");
+    }
 
     #[test]
     fn only_the_live_producer_keeps_one_request_out_unless_told_otherwise() {

@@ -141,6 +141,15 @@ fn parse_property(text: &str) -> Result<(String, Secret), String> {
     }
 }
 
+/// A client setting that is not a secret, `KEY=VALUE` (the relay's
+/// producer tuning: `linger.ms=0`, …); a clap value parser.
+pub fn parse_setting(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.to_owned())),
+        _ => Err(format!("expected KEY=VALUE (a librdkafka setting), got {text:?}")),
+    }
+}
+
 fn key_hint(text: &str) -> String {
     text.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '_').take(40).collect()
 }
@@ -263,6 +272,13 @@ mod tests {
         assert!(sasl(None, Some("p")).config_for("b").is_err(), "SCRAM without a user");
         let plaintext_with_sasl = KafkaArgs { kafka_security_protocol: Some(SecurityProtocol::Plaintext), ..sasl(Some("u"), Some("p")) };
         assert!(plaintext_with_sasl.config_for("b").is_err(), "SASL settings on a plaintext protocol");
+    }
+
+    #[test]
+    fn a_setting_is_key_value() {
+        assert_eq!(parse_setting(" linger.ms =0"), Ok(("linger.ms".to_owned(), "0".to_owned())));
+        assert_eq!(parse_setting("client.id=a=b"), Ok(("client.id".to_owned(), "a=b".to_owned())));
+        assert!(parse_setting("linger.ms").is_err() && parse_setting("=0").is_err());
     }
 
     #[test]

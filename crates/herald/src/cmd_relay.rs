@@ -35,6 +35,12 @@ pub struct RelayArgs {
     /// Publishing attempts before a row is dead-lettered.
     #[arg(long, env = "HERALD_RELAY_MAX_ATTEMPTS", default_value_t = 10, value_parser = clap::value_parser!(i32).range(1..))]
     pub max_attempts: i32,
+    /// A librdkafka setting for the relay's producers over Herald's,
+    /// `KEY=VALUE`, repeatable (in the variable: separated by `;`): tuning
+    /// such as `linger.ms`. Herald's delivery settings (idempotence,
+    /// `acks=all`) are not meant to be changed here.
+    #[arg(long = "producer", env = "HERALD_RELAY_PRODUCER", value_name = "KEY=VALUE", value_delimiter = ';', value_parser = crate::connection::parse_setting)]
+    pub producer: Vec<(String, String)>,
     /// Name in claims; default host and process id.
     #[arg(long, env = "HERALD_RELAY_OWNER")]
     pub owner: Option<String>,
@@ -51,6 +57,10 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(2));
     };
+    if let Err(e) = herald_relay::check_producer_settings(&args.producer) {
+        eprintln!("error: --producer: {e}");
+        return Ok(ExitCode::from(2));
+    }
     // Bad routing is bad input: exit 2 before anything starts.
     let routes = args.routing.routes(herald_kafka::TOPIC_EVENTS)?;
     let dataschema_base = args.routing.dataschema_base()?;
@@ -76,6 +86,7 @@ pub async fn run(args: RelayArgs) -> anyhow::Result<ExitCode> {
         faults,
         routes,
         dataschema_base,
+        producer: args.producer,
         ..RelayConfig::default()
     }
     .with_lease(Duration::from_millis(args.lease_ms));

@@ -39,6 +39,9 @@ async fn the_scale_benchmark_runs_each_process_count_and_the_shares_add_up_real_
             &server,
             "--kafka",
             &brokers,
+            // Passed to every relay as `--producer`; one librdkafka refused would fail the round.
+            "--relay-producer",
+            "max.in.flight.requests.per.connection=1",
         ])
         .env("HERALD_LOG", "error")
         .output()?;

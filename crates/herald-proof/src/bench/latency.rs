@@ -57,6 +57,11 @@ pub struct LatencyBenchArgs {
     /// Lanes of the search subscription (`SubscriptionOptions::lanes`).
     #[arg(long, default_value_t = SubscriptionOptions::default().lanes as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub lanes: u64,
+    /// A librdkafka setting for the relay's two producers over Herald's
+    /// (`RelayConfig::producer`), `KEY=VALUE`, repeatable: e.g.
+    /// `linger.ms=0` or `max.in.flight.requests.per.connection=2`.
+    #[arg(long = "relay-producer", value_name = "KEY=VALUE", value_parser = herald_wiring::connection::parse_setting)]
+    pub relay_producer: Vec<(String, String)>,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -132,7 +137,12 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     let relay = Relay::new(
         relay_db.clone(),
         kafka,
-        RelayConfig { owner: format!("latency-{run}"), in_flight: args.in_flight as usize, ..RelayConfig::default() },
+        RelayConfig {
+            owner: format!("latency-{run}"),
+            in_flight: args.in_flight as usize,
+            producer: args.relay_producer.clone(),
+            ..RelayConfig::default()
+        },
     )?;
     let relay_counters = relay.counters();
     let relay = tokio::spawn({
@@ -337,13 +347,17 @@ fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs) -> serde_json:
         })
         .collect();
     json!({ "broker": broker, "seconds": args.seconds, "partitions": args.partitions, "relay_in_flight": args.in_flight,
-            "subscription_lanes": args.lanes, "rates": rates })
+            "subscription_lanes": args.lanes, "relay_producer": settings(args), "rates": rates })
 }
 
 fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
     println!(
-        "herald bench latency — {} s per load, {} partitions, relay in flight {}, subscription lanes {}, Kafka: {broker}\n",
-        args.seconds, args.partitions, args.in_flight, args.lanes
+        "herald bench latency — {} s per load, {} partitions, relay in flight {}, subscription lanes {}, relay producer [{}], Kafka: {broker}\n",
+        args.seconds,
+        args.partitions,
+        args.in_flight,
+        args.lanes,
+        settings(args).join(", ")
     );
     println!("| offered events/s | stage | p50 ms | p99 ms | max ms | samples |");
     println!("|---:|---|---:|---:|---:|---:|");
@@ -385,4 +399,9 @@ fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
             );
         }
     }
+}
+
+/// The relay producer's overrides as given, `KEY=VALUE`.
+fn settings(args: &LatencyBenchArgs) -> Vec<String> {
+    args.relay_producer.iter().map(|(key, value)| format!("{key}={value}")).collect()
 }

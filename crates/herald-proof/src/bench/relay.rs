@@ -48,6 +48,10 @@ pub struct RelayBenchArgs {
     /// Batches of one slice out at once (`herald relay --in-flight`).
     #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     in_flight: u64,
+    /// A librdkafka setting for the relay's producers over Herald's
+    /// (`herald relay --producer`), `KEY=VALUE`, repeatable.
+    #[arg(long = "relay-producer", value_name = "KEY=VALUE", value_parser = herald_wiring::connection::parse_setting)]
+    relay_producer: Vec<(String, String)>,
     /// One JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -83,7 +87,8 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     db.close().await;
     scratch.drop_db().await;
     let (scratch, db) = scratch_db(&server).await?;
-    let herald = herald_relay(&db, &kafka, &events(&topic, args.events)?, args.in_flight as usize).await;
+    let config = RelayConfig { in_flight: args.in_flight as usize, producer: args.relay_producer.clone(), ..RelayConfig::default() };
+    let herald = herald_relay(&db, &kafka, &events(&topic, args.events)?, config).await;
     db.close().await;
     scratch.drop_db().await;
     let (naive, herald) = (naive?, herald?);
@@ -91,7 +96,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
         0 => None,
         n => {
             let (scratch, db) = scratch_db(&server).await?;
-            let memory = relay_memory(&db, scratch.url.expose(), &bootstrap, &topic, n).await;
+            let memory = relay_memory(&db, scratch.url.expose(), &bootstrap, &topic, n, &args.relay_producer).await;
             db.close().await;
             scratch.drop_db().await;
             Some(memory?)
@@ -208,9 +213,9 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
     Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
 }
 
-async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent], in_flight: usize) -> anyhow::Result<Run> {
+async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent], config: RelayConfig) -> anyhow::Result<Run> {
     insert(db, events).await?;
-    let run = drain_with(db, kafka, events.len() as u64, in_flight).await?;
+    let run = drain_with(db, kafka, events.len() as u64, config).await?;
     let delivered = outbox::count_by_status(db, outbox::DELIVERED).await?;
     anyhow::ensure!(delivered == run.events as i64, "{delivered} rows marked delivered, expected {}", run.events);
     Ok(run)
@@ -219,11 +224,11 @@ async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent], in_f
 /// Runs Herald's relay until it delivered `want` rows (those pending in the
 /// outbox), then stops it: the events/s from its start to the last ack.
 pub(crate) async fn drain(db: &Db, kafka: &KafkaConfig, want: u64) -> anyhow::Result<Run> {
-    drain_with(db, kafka, want, RelayConfig::default().in_flight).await
+    drain_with(db, kafka, want, RelayConfig::default()).await
 }
 
-async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, in_flight: usize) -> anyhow::Result<Run> {
-    let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), in_flight, ..RelayConfig::default() })?;
+async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, config: RelayConfig) -> anyhow::Result<Run> {
+    let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..config })?;
     let stats = relay.counters();
     let shutdown = CancellationToken::new();
     let started = Instant::now();
@@ -247,15 +252,21 @@ async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, in_flight: usize) -
 /// A backlog of `n` rows drained by a `herald relay` process of its own,
 /// its memory sampled throughout. Rows are written in chunks: holding a
 /// million events at once is memory this process does not need.
-async fn relay_memory(db: &Db, url: &str, bootstrap: &str, topic: &str, n: u64) -> anyhow::Result<Memory> {
+async fn relay_memory(db: &Db, url: &str, bootstrap: &str, topic: &str, n: u64, producer: &[(String, String)]) -> anyhow::Result<Memory> {
     for start in (0..n).step_by(50_000) {
         insert(db, &events(topic, (n - start).min(50_000))?).await?;
     }
-    let args: Vec<String> = ["relay", "--database", url, "--kafka", bootstrap].into_iter().map(str::to_owned).collect();
+    let mut args: Vec<String> = ["relay", "--database", url, "--kafka", bootstrap].into_iter().map(str::to_owned).collect();
+    args.extend(producer_flags(producer));
     memory::of_role(&args, n, Duration::from_secs(1800), || async {
         Ok(u64::try_from(outbox::count_by_status(db, outbox::DELIVERED).await?)?)
     })
     .await
+}
+
+/// `herald relay` flags giving its producers `settings`.
+pub(crate) fn producer_flags(settings: &[(String, String)]) -> Vec<String> {
+    settings.iter().flat_map(|(key, value)| ["--producer".to_owned(), format!("{key}={value}")]).collect()
 }
 
 pub(crate) async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()> {
