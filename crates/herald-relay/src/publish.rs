@@ -35,7 +35,8 @@ pub fn producer_config(kafka: &KafkaConfig) -> ClientConfig {
 /// value) without building a client, so `herald relay --producer` can
 /// reject them as bad input before it opens anything.
 pub fn check_producer_settings(settings: &[(String, String)]) -> Result<(), KafkaError> {
-    let mut config = ClientConfig::new();
+    // Herald's own producer settings under them, as the relay will build it.
+    let mut config = producer_config(&KafkaConfig::new("127.0.0.1:9"));
     for (key, value) in settings {
         config.set(key, value);
     }
