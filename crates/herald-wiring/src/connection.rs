@@ -134,20 +134,24 @@ pub struct KafkaArgs {
 }
 
 fn parse_property(text: &str) -> Result<(String, Secret), String> {
-    match text.split_once('=') {
-        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), Secret::new(value))),
+    match split_key_value(text) {
+        Some((key, value)) => Ok((key, Secret::new(value))),
         // The value may be a secret: name only the key, never echo the text.
-        _ => Err(format!("expected KEY=VALUE (a librdkafka property), got an entry without `=` starting {:?}", key_hint(text))),
+        None => Err(format!("expected KEY=VALUE (a librdkafka property), got an entry without `=` starting {:?}", key_hint(text))),
     }
 }
 
 /// A client setting that is not a secret, `KEY=VALUE` (the relay's
 /// producer tuning: `linger.ms=0`, …); a clap value parser.
 pub fn parse_setting(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_owned(), value.to_owned())),
-        _ => Err(format!("expected KEY=VALUE (a librdkafka setting), got {text:?}")),
-    }
+    split_key_value(text)
+        .map(|(key, value)| (key, value.to_owned()))
+        .ok_or_else(|| format!("expected KEY=VALUE (a librdkafka setting), got {text:?}"))
+}
+
+/// `KEY=VALUE` with a key that is not blank; the value may hold `=`.
+fn split_key_value(text: &str) -> Option<(String, &str)> {
+    text.split_once('=').filter(|(key, _)| !key.trim().is_empty()).map(|(key, value)| (key.trim().to_owned(), value))
 }
 
 fn key_hint(text: &str) -> String {
