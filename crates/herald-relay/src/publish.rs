@@ -50,16 +50,18 @@ pub fn check_producer_settings(settings: &[(String, String)]) -> Result<(), Kafk
 /// follower) is what bounds a relay on a real cluster.
 const BACKLOG_LINGER_MS: &str = "50";
 
-/// Produce requests the live producer keeps out per broker. librdkafka's
+/// Produce requests each producer keeps out per broker. librdkafka's
 /// idempotent producer (2.12) stops sending a partition once five of its
 /// *messages* are in flight, whatever this setting allows, and while it
 /// waits its broker threads wake again at once: at 1,000 rows/s a relay
 /// alone burned half a core, and on two shared cores the brokers then
 /// acknowledged later still. One request per broker keeps those threads
-/// asleep until the acknowledgement; it halved the live path's wait for
-/// acknowledgements in `herald bench latency` (BENCHMARKS.md, "Latency").
-/// The backlog producer keeps librdkafka's five: its requests are full.
-const LIVE_MAX_IN_FLIGHT: &str = "1";
+/// asleep until the acknowledgement: it halved the live path's wait for
+/// acknowledgements in `herald bench latency`, and with it on the backlog
+/// producer too four relays draining one outbox on a 2-core host stopped
+/// being slower than one (BENCHMARKS.md, "Latency" and "Scale-out"); a
+/// lone relay on the mock cluster drains at the same rate either way.
+const MAX_IN_FLIGHT_PER_BROKER: &str = "1";
 
 /// Which of the relay's two producers a batch goes through: a full batch
 /// (the slice has a backlog) through the one that lingers to fill requests,
@@ -113,7 +115,9 @@ impl Publisher {
         let mut live = producer_config(kafka);
         let mut backlog = producer_config(kafka);
         backlog.set("linger.ms", BACKLOG_LINGER_MS);
-        live.set("max.in.flight.requests.per.connection", LIVE_MAX_IN_FLIGHT);
+        for config in [&mut live, &mut backlog] {
+            config.set("max.in.flight.requests.per.connection", MAX_IN_FLIGHT_PER_BROKER);
+        }
         for (key, value) in &relay.producer {
             live.set(key, value);
             backlog.set(key, value);
@@ -246,15 +250,16 @@ mod tests {
     }
 
     #[test]
-    fn only_the_live_producer_keeps_one_request_out_unless_told_otherwise() {
+    fn both_producers_keep_one_request_out_unless_told_otherwise() {
         let kafka = KafkaConfig::new("127.0.0.1:9");
         let publisher = Publisher::new(&kafka, &RelayConfig::default()).unwrap();
-        assert_eq!(publisher.live.config.get(MAX_IN_FLIGHT), Some(LIVE_MAX_IN_FLIGHT));
-        assert_eq!(publisher.backlog.config.get(MAX_IN_FLIGHT), None, "librdkafka's default for full requests");
+        assert_eq!(publisher.live.config.get(MAX_IN_FLIGHT), Some(MAX_IN_FLIGHT_PER_BROKER));
+        assert_eq!(publisher.backlog.config.get(MAX_IN_FLIGHT), Some(MAX_IN_FLIGHT_PER_BROKER));
         assert_eq!(publisher.backlog.config.get("linger.ms"), Some(BACKLOG_LINGER_MS));
 
         let relay = RelayConfig { producer: vec![(MAX_IN_FLIGHT.to_owned(), "3".to_owned())], ..RelayConfig::default() };
         let publisher = Publisher::new(&kafka, &relay).unwrap();
         assert_eq!(publisher.live.config.get(MAX_IN_FLIGHT), Some("3"), "a user's override wins");
+        assert_eq!(publisher.backlog.config.get(MAX_IN_FLIGHT), Some("3"));
     }
 }

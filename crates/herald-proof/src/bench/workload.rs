@@ -1,14 +1,17 @@
 //! Records for benchmarks and tests: completion facts as the relay publishes
 //! them (CloudEvents binary mode), in the legacy envelope, or as raw bytes.
 
+use std::time::Duration;
+
 use anyhow::Context;
 use chrono::Utc;
 use cloudevents::binding::rdkafka::FutureRecordExt;
 use herald_envelope::legacy::to_legacy_json;
 use herald_envelope::{ExportCompleted, OutboxEvent};
 use herald_kafka::KafkaConfig;
+use rdkafka::error::KafkaResult;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 /// The `i`-th completion of run `run`: distinct jobs, seven callers, two
 /// formats, all completed now.
@@ -41,6 +44,27 @@ pub fn completions(topic: &str, run: &str, n: usize) -> anyhow::Result<Vec<Outbo
 pub fn producer(kafka: &KafkaConfig) -> anyhow::Result<FutureProducer> {
     Ok(kafka.producer().create()?)
 }
+
+/// Publishes `events` in one Kafka transaction and returns once it has
+/// committed: a `read_committed` consumer (every Herald subscription) sees
+/// none of them before and all of them after, so a benchmark can time
+/// consumers from the commit without timing its own writes.
+pub async fn publish_in_one_transaction(kafka: &KafkaConfig, transactional_id: &str, events: &[OutboxEvent]) -> anyhow::Result<()> {
+    let mut config = kafka.producer();
+    config.set("transactional.id", transactional_id);
+    let producer: FutureProducer = config.create()?;
+    let setup = producer.clone();
+    tokio::task::spawn_blocking(move || -> KafkaResult<()> {
+        setup.init_transactions(TRANSACTION_CALL_TIMEOUT)?;
+        setup.begin_transaction()
+    })
+    .await??;
+    publish(&producer, events).await?;
+    tokio::task::spawn_blocking(move || producer.commit_transaction(TRANSACTION_CALL_TIMEOUT)).await??;
+    Ok(())
+}
+
+const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Publishes `events` in CloudEvents binary mode and waits for every ack.
 pub async fn publish(producer: &FutureProducer, events: &[OutboxEvent]) -> anyhow::Result<()> {
