@@ -57,10 +57,11 @@ const BACKLOG_LINGER_MS: &str = "50";
 /// alone burned half a core, and on two shared cores the brokers then
 /// acknowledged later still. One request per broker keeps those threads
 /// asleep until the acknowledgement: it halved the live path's wait for
-/// acknowledgements in `herald bench latency`, and with it on the backlog
-/// producer too four relays draining one outbox on a 2-core host stopped
-/// being slower than one (BENCHMARKS.md, "Latency" and "Scale-out"); a
-/// lone relay on the mock cluster drains at the same rate either way.
+/// acknowledgements in `herald bench latency`, and on the backlog producer
+/// too it let four relays sharing two cores with the brokers drain one
+/// outbox ~20 % faster (BENCHMARKS.md, "Latency" and "One request per
+/// broker"); a lone relay on the mock cluster drains at the same rate
+/// either way.
 const MAX_IN_FLIGHT_PER_BROKER: &str = "1";
 
 /// Which of the relay's two producers a batch goes through: a full batch
