@@ -114,11 +114,10 @@ impl Publisher {
     /// base); a `linger.ms` among the overrides applies to both.
     pub(crate) fn new(kafka: &KafkaConfig, relay: &RelayConfig) -> Result<Publisher, KafkaError> {
         let mut live = producer_config(kafka);
-        let mut backlog = producer_config(kafka);
+        live.set("max.in.flight.requests.per.connection", MAX_IN_FLIGHT_PER_BROKER);
+        // The backlog producer is the live one that lingers.
+        let mut backlog = live.clone();
         backlog.set("linger.ms", BACKLOG_LINGER_MS);
-        for config in [&mut live, &mut backlog] {
-            config.set("max.in.flight.requests.per.connection", MAX_IN_FLIGHT_PER_BROKER);
-        }
         for (key, value) in &relay.producer {
             live.set(key, value);
             backlog.set(key, value);

@@ -39,9 +39,10 @@ async fn the_scale_benchmark_runs_each_process_count_and_the_shares_add_up_real_
             &server,
             "--kafka",
             &brokers,
-            // Passed to every relay as `--producer`; one librdkafka refused would fail the round.
+            // Passed to every relay as `--producer` (not the relay's default,
+            // which is 1); one librdkafka refused would fail the round.
             "--relay-producer",
-            "max.in.flight.requests.per.connection=1",
+            "max.in.flight.requests.per.connection=2",
         ])
         .env("HERALD_LOG", "error")
         .output()?;
