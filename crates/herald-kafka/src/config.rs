@@ -4,8 +4,10 @@
 //! from [`KafkaConfig`]: the bootstrap list plus the connection settings an
 //! operator gave (security, client id, timeouts). A setting added here is in
 //! every client, so no role can connect to the cluster differently from the
-//! others. The delivery settings on top of it are Herald's promises, fixed
-//! per kind of client.
+//! others. Under the operator's settings lie Herald's tuning defaults
+//! (prefetch, session timeout), which an operator may replace; on top of
+//! them, the delivery settings are Herald's promises, fixed per kind of
+//! client.
 
 use std::fmt;
 
@@ -55,6 +57,20 @@ impl fmt::Debug for KafkaConfig {
     }
 }
 
+/// A group consumer's tuning, under the operator's settings.
+const CONSUMER_DEFAULTS: [(&str, &str); 4] = [
+    ("auto.commit.interval.ms", "1000"),
+    // Low so a consumer that died without leaving frees its partitions soon.
+    ("session.timeout.ms", "6000"),
+    ("heartbeat.interval.ms", "500"),
+    // Prefetch bound. librdkafka holds several times the records' bytes
+    // for what it counts here (a message's bookkeeping, whole fetch
+    // buffers): 16 MB cost a draining subscription ~60 MB of its ~140, 8 MB
+    // half that at the same rate, 4 MB starved it on the mock cluster
+    // (BENCHMARKS.md, "Memory").
+    ("queued.max.messages.kbytes", "8192"),
+];
+
 impl KafkaConfig {
     pub fn new(brokers: impl Into<String>) -> KafkaConfig {
         KafkaConfig { brokers: brokers.into(), connection: Vec::new() }
@@ -89,8 +105,19 @@ impl KafkaConfig {
     }
 
     fn base(&self) -> ClientConfig {
+        self.tuned(&[])
+    }
+
+    /// The connection settings over Herald's `defaults` for a kind of
+    /// client: a default is a tuning choice (how far ahead to fetch, how soon
+    /// a silent member is given up), so an operator's setting of the same
+    /// key wins. Promises are set after this and win over both.
+    fn tuned(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);
+        for (key, value) in defaults {
+            config.set(*key, *value);
+        }
         for (key, value) in &self.connection {
             config.set(key, value.expose());
         }
@@ -118,22 +145,13 @@ impl KafkaConfig {
     /// only offsets the application *stored*, and Herald stores an offset
     /// only after the record's effect committed in the database.
     pub fn consumer(&self, group: &str) -> ClientConfig {
-        let mut config = self.base();
+        let mut config = self.tuned(&CONSUMER_DEFAULTS);
         config
             .set("group.id", group)
             .set("enable.auto.commit", "true")
-            .set("auto.commit.interval.ms", "1000")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            // Low so a consumer that died without leaving frees its partitions soon.
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            .set("isolation.level", "read_committed")
-            // Prefetch bound: librdkafka's default (64 MB) is most of a
-            // subscription's memory while it drains a backlog; 16 MB is
-            // still dozens of batches ahead of the database (BENCHMARKS.md,
-            // "Memory").
-            .set("queued.max.messages.kbytes", "16384");
+            .set("isolation.level", "read_committed");
         config
     }
 
@@ -203,6 +221,15 @@ mod tests {
             assert_eq!(config.get("sasl.password"), Some("hunter2"));
             assert_eq!(config.get("ssl.key.password"), Some("p4ss"));
         }
+    }
+
+    #[test]
+    fn an_operators_setting_replaces_a_default_but_not_a_promise() {
+        assert_eq!(KafkaConfig::new("b").consumer("g").get("queued.max.messages.kbytes"), Some("8192"));
+        let kafka = KafkaConfig::new("b").with("queued.max.messages.kbytes", "4096").with("enable.auto.offset.store", "true");
+        let consumer = kafka.consumer("g");
+        assert_eq!(consumer.get("queued.max.messages.kbytes"), Some("4096"));
+        assert_eq!(consumer.get("enable.auto.offset.store"), Some("false"));
     }
 
     #[test]
