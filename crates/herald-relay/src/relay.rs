@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use herald_kafka::KafkaConfig;
 use herald_store::Db;
@@ -36,6 +37,16 @@ pub(crate) struct Shared {
     pub config: RelayConfig,
     pub counters: Arc<RelayCounters>,
     pub wake: Arc<wake::Wake>,
+    /// Slices this relay holds and has not been told to give back; what
+    /// sizes a slice's batches ([`RelayConfig::batch_for`]).
+    pub held: AtomicUsize,
+}
+
+impl Shared {
+    /// Rows a slice reads next.
+    pub(crate) fn batch_size(&self) -> i64 {
+        self.config.batch_for(self.held.load(Ordering::Relaxed))
+    }
 }
 
 pub struct Relay {
@@ -52,7 +63,15 @@ impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
         let publisher = Publisher::new(kafka, &config).map_err(RelayError::Producer)?;
         let reader = Reader::of(&db, READ_CONNECTIONS)?;
-        let shared = Shared { db, reader, publisher, config, counters: Arc::default(), wake: Arc::new(wake::Wake::new()) };
+        let shared = Shared {
+            db,
+            reader,
+            publisher,
+            config,
+            counters: Arc::default(),
+            wake: Arc::new(wake::Wake::new()),
+            held: AtomicUsize::new(0),
+        };
         Ok(Relay { shared: Arc::new(shared) })
     }
 
@@ -94,6 +113,8 @@ impl Relay {
                     }
                 }
             }
+            let active = held.values().filter(|h| !h.stop.is_cancelled()).count();
+            self.shared.held.store(active, Ordering::Relaxed);
         }
         for h in held.values() {
             h.stop.cancel();
@@ -146,6 +167,8 @@ impl Relay {
         }
         match store::claim(db, &config.owner, config.lease_ms(), share - active).await {
             Ok(claims) => {
+                // Before the new slices' first reads, which size by it.
+                self.shared.held.store(active as usize + claims.len(), Ordering::Relaxed);
                 for claim in claims {
                     info!(slice = claim.slice, attempt = claim.attempt_count, "slice claimed");
                     RelayCounters::add(&self.shared.counters.claims, 1);

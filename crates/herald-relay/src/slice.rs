@@ -102,17 +102,18 @@ struct Worker {
     drain_until: Option<tokio::time::Instant>,
 }
 
-/// Rows read from `from` (a cursor whose snapshot is set).
+/// Rows read from `from` (a cursor whose snapshot is set), at most `limit`.
 struct Read {
     rows: Vec<OutboxRow>,
     from: Cursor,
+    limit: i64,
 }
 
 impl Read {
     /// A full batch means a backlog (the lingering producer); anything less
     /// also means the read returned everything left in its step.
-    fn lane(&self, batch_size: i64) -> Lane {
-        if (self.rows.len() as i64) < batch_size { Lane::Live } else { Lane::Backlog }
+    fn lane(&self) -> Lane {
+        if (self.rows.len() as i64) < self.limit { Lane::Live } else { Lane::Backlog }
     }
 }
 
@@ -203,7 +204,7 @@ impl Worker {
                 return if self.sent.is_empty() { self.rest(stop).await } else { Next::Settle };
             }
             self.idle = config.idle_min;
-            let lane = read.lane(config.batch_size);
+            let lane = read.lane();
             let retry_in = backoff_left(&read.rows[0]);
             let lane_busy = self.sent.back().is_some_and(|last| last.lane != lane);
             if retry_in.is_some() || lane_busy {
@@ -244,9 +245,10 @@ impl Worker {
         // Rows announced from here on wake the slice again.
         self.wake.borrow_and_update();
         let started = Instant::now();
-        let (rows, from) = store::read(&self.shared.reader, self.claim.slice, &self.cursor, self.shared.config.batch_size).await?;
+        let limit = self.shared.batch_size();
+        let (rows, from) = store::read(&self.shared.reader, self.claim.slice, &self.cursor, limit).await?;
         RelayCounters::time(&self.shared.counters.read_us, started);
-        Ok(Read { rows, from })
+        Ok(Read { rows, from, limit })
     }
 
     async fn send(&mut self, read: Read, lane: Lane) {

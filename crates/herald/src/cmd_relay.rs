@@ -19,7 +19,9 @@ pub struct RelayArgs {
     pub kafka: crate::connection::KafkaArgs,
     #[command(flatten)]
     pub topic: crate::topic_args::TopicArgs,
-    /// Rows per batch of one slice.
+    /// Rows per batch of one slice while this relay holds all 16; a relay
+    /// holding fewer reads proportionally more per slice (4 slices: 4 ×
+    /// this), so it keeps about 16 × this many rows out whatever its share.
     #[arg(long, env = "HERALD_RELAY_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
     /// Batches of one slice sent and not yet recorded at once: 1 waits for
