@@ -59,6 +59,11 @@ struct Held {
     stop: CancellationToken,
 }
 
+/// Slices held and not being given back.
+fn active(held: &HashMap<i32, Held>) -> usize {
+    held.values().filter(|h| !h.stop.is_cancelled()).count()
+}
+
 impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
         let publisher = Publisher::new(kafka, &config).map_err(RelayError::Producer)?;
@@ -113,8 +118,7 @@ impl Relay {
                     }
                 }
             }
-            let active = held.values().filter(|h| !h.stop.is_cancelled()).count();
-            self.shared.held.store(active, Ordering::Relaxed);
+            self.shared.held.store(active(&held), Ordering::Relaxed);
         }
         for h in held.values() {
             h.stop.cancel();
@@ -155,7 +159,7 @@ impl Relay {
             }
         };
         let share = (i64::from(SLICES) + members - 1) / members;
-        let active = held.values().filter(|h| !h.stop.is_cancelled()).count() as i64;
+        let active = active(held) as i64;
         if active > share {
             let mut mine: Vec<i32> = held.iter().filter(|(_, h)| !h.stop.is_cancelled()).map(|(s, _)| *s).collect();
             mine.sort_unstable();
