@@ -184,7 +184,10 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
     for (source, ids) in by_source {
         for chunk in padded_chunks(&ids) {
             let sql = seen_statement(chunk.len());
-            let mut query = sqlx::query(&sql).bind(subscription).bind(source);
+            // Planned for each call's keys: a plan cached while the inbox was
+            // nearly empty is a scan of the subscription, which the table
+            // outgrows (BENCHMARKS.md, "Latency").
+            let mut query = sqlx::query(&sql).persistent(false).bind(subscription).bind(source);
             for id in chunk {
                 query = query.bind(id);
             }
@@ -200,8 +203,8 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
 const SEEN_PER_STATEMENT: usize = 200;
 
 /// `ids` in statements of [`SEEN_PER_STATEMENT`] keys, the last one padded
-/// with its own last key: one statement text (prepared once) and one round
-/// trip per 200 keys, whatever the count asked. Cut into
+/// with its own last key: one statement text and one round trip per 200
+/// keys, whatever the count asked. Cut into
 /// `outbox::statement_chunks`' sizes instead, a reader asking 37 keys sent
 /// four statements every poll, and the latency benchmark's reader, asking
 /// every 2 ms, took CPU from the subscription it measured (BENCHMARKS.md,
@@ -326,6 +329,29 @@ mod tests {
         asked.push(EventKey { source: "/elsewhere".into(), id: "e-7".into() });
         assert_eq!(seen_among(&db, "search", &asked).await?, keys(&["e-7", "e-19999"]).into_iter().collect());
         assert!(seen_among(&db, "other", &asked).await?.is_empty(), "another subscription's inbox is its own");
+        Ok(())
+    }
+
+    /// The lookup is planned for each call, never kept prepared: a plan
+    /// cached while the inbox was nearly empty is a scan of the whole
+    /// subscription, and nothing replans it while the table grows until
+    /// autovacuum analyzes it (the latency benchmark's reader saw its lookups
+    /// take 1-2 s after a minute of load, BENCHMARKS.md "Latency").
+    #[tokio::test]
+    async fn a_lookup_of_seen_keys_keeps_no_plan_between_calls_postgres() -> anyhow::Result<()> {
+        let test_db = herald_testkit::postgres_db().await?;
+        let db = Db::connect_and_migrate(&test_db.url).await?;
+        // One connection, so the lookups and the check below share a session.
+        let session = db.api_pool(1, std::time::Duration::from_secs(10)).await?;
+        let asked = [EventKey { source: "/test".into(), id: "e-1".into() }];
+        for _ in 0..6 {
+            assert!(seen_among(&session, "search", &asked).await?.is_empty());
+        }
+        let kept: i64 = sqlx::query("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%FROM inbox WHERE subscription%' AND statement NOT LIKE '%pg_prepared%'")
+            .fetch_one(session.pool())
+            .await?
+            .try_get(0)?;
+        assert_eq!(kept, 0, "the seen-keys lookup must not stay prepared in the session");
         Ok(())
     }
 

@@ -21,12 +21,17 @@ use tracing::{Instrument, info};
 
 use config::Backends;
 
-/// jemalloc, not glibc's malloc: a draining relay spent about a quarter of
-/// its CPU in glibc's malloc and free for Rust's allocations (row strings
-/// decoded by sqlx, records, delivery futures), much of it consolidating
-/// fast bins; with jemalloc it drains ~20 % faster at the same peak memory
-/// (BENCHMARKS.md, "One allocator for the whole binary"). Tuning:
-/// `_RJEM_MALLOC_CONF`.
+/// jemalloc, not glibc's malloc, for Rust's allocations and for the C
+/// libraries' too (librdkafka, linked in: the workspace enables jemalloc's
+/// unprefixed `malloc`). With glibc's, a draining relay spent about a
+/// quarter of its CPU allocating and freeing Rust's row strings and futures
+/// and librdkafka's messages and headers, much of it consolidating fast
+/// bins and freeing on one thread what another allocated; with everything
+/// in jemalloc it drains ~30 % faster than with jemalloc for Rust alone
+/// (BENCHMARKS.md, "One allocator for the whole binary" and "librdkafka's
+/// allocations too"). Its built-in defaults (freed pages given back after
+/// 1 s) are in `.cargo/config.toml`; `MALLOC_CONF` overrides them at run
+/// time.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
