@@ -59,9 +59,9 @@ struct Held {
     stop: CancellationToken,
 }
 
-/// Slices held and not being given back.
-fn active(held: &HashMap<i32, Held>) -> usize {
-    held.values().filter(|h| !h.stop.is_cancelled()).count()
+/// The slices held and not being given back.
+fn active(held: &HashMap<i32, Held>) -> impl Iterator<Item = i32> + '_ {
+    held.iter().filter(|(_, h)| !h.stop.is_cancelled()).map(|(slice, _)| *slice)
 }
 
 impl Relay {
@@ -118,7 +118,7 @@ impl Relay {
                     }
                 }
             }
-            self.shared.held.store(active(&held), Ordering::Relaxed);
+            self.shared.held.store(active(&held).count(), Ordering::Relaxed);
         }
         for h in held.values() {
             h.stop.cancel();
@@ -159,9 +159,9 @@ impl Relay {
             }
         };
         let share = (i64::from(SLICES) + members - 1) / members;
-        let active = active(held) as i64;
+        let mut mine: Vec<i32> = active(held).collect();
+        let active = mine.len() as i64;
         if active > share {
-            let mut mine: Vec<i32> = held.iter().filter(|(_, h)| !h.stop.is_cancelled()).map(|(s, _)| *s).collect();
             mine.sort_unstable();
             for slice in mine.iter().rev().take((active - share) as usize) {
                 info!(slice, share, "giving a slice back to rebalance");

@@ -173,8 +173,7 @@ pub async fn count(db: &Db, subscription: &str) -> Result<i64, StoreError> {
 /// primary key: with the source left out, PostgreSQL walks every row of the
 /// subscription for each call (a reader asking every few milliseconds then
 /// takes a core for itself once the inbox holds a few hundred thousand rows).
-/// The keys go in [`crate::outbox::statement_chunks`]' few sizes, so a reader
-/// asking for a different number each time reuses prepared statements.
+/// Up to 200 keys a statement, each statement planned for its keys.
 pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Result<HashSet<EventKey>, StoreError> {
     let mut by_source: std::collections::BTreeMap<&str, Vec<&str>> = std::collections::BTreeMap::new();
     for key in keys {
@@ -182,14 +181,14 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
     }
     let mut seen = HashSet::new();
     for (source, ids) in by_source {
-        for chunk in padded_chunks(&ids) {
+        for chunk in statements_of(&ids) {
             let sql = seen_statement(chunk.len());
             // Planned for each call's keys: a plan cached while the inbox was
             // nearly empty is a scan of the subscription, which the table
             // outgrows (BENCHMARKS.md, "Latency").
             let mut query = sqlx::query(&sql).persistent(false).bind(subscription).bind(source);
             for id in chunk {
-                query = query.bind(id);
+                query = query.bind(*id);
             }
             for row in query.fetch_all(db.pool()).await? {
                 seen.insert(EventKey { source: source.to_owned(), id: row.try_get("event_id")? });
@@ -199,24 +198,17 @@ pub async fn seen_among(db: &Db, subscription: &str, keys: &[EventKey]) -> Resul
     Ok(seen)
 }
 
-/// Keys per statement of [`seen_among`].
+/// Keys per statement of [`seen_among`]: one round trip per 200 keys. Cut
+/// into `outbox::statement_chunks`' sizes instead, a reader asking 37 keys
+/// sent four statements every poll, and the latency benchmark's reader,
+/// asking every 2 ms, took CPU from the subscription it measured
+/// (BENCHMARKS.md, "Latency"). No padding to one statement size: the
+/// lookup is not kept prepared (see `seen_among`), so sizes cost nothing.
 const SEEN_PER_STATEMENT: usize = 200;
 
-/// `ids` in statements of [`SEEN_PER_STATEMENT`] keys, the last one padded
-/// with its own last key: one statement text and one round trip per 200
-/// keys, whatever the count asked. Cut into
-/// `outbox::statement_chunks`' sizes instead, a reader asking 37 keys sent
-/// four statements every poll, and the latency benchmark's reader, asking
-/// every 2 ms, took CPU from the subscription it measured (BENCHMARKS.md,
-/// "Latency").
-fn padded_chunks<'a>(ids: &[&'a str]) -> Vec<Vec<&'a str>> {
+/// `ids` as [`seen_among`] asks them, one slice per statement.
+fn statements_of<'a, 'b>(ids: &'a [&'b str]) -> std::slice::Chunks<'a, &'b str> {
     ids.chunks(SEEN_PER_STATEMENT)
-        .map(|chunk| {
-            let mut padded = chunk.to_vec();
-            padded.resize(SEEN_PER_STATEMENT, chunk[chunk.len() - 1]);
-            padded
-        })
-        .collect()
 }
 
 fn seen_statement(ids: usize) -> String {
@@ -284,17 +276,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_go_in_one_statement_size_one_round_trip_per_200() {
+    fn keys_go_one_round_trip_per_200() {
         let ids: Vec<String> = (0..437).map(|i| format!("id-{i}")).collect();
         let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-        let chunks = padded_chunks(&ids[..37]);
-        assert_eq!(chunks.len(), 1, "37 keys, one statement");
-        assert_eq!(chunks[0].len(), SEEN_PER_STATEMENT);
-        assert_eq!(chunks[0][..37], ids[..37]);
-        assert!(chunks[0][37..].iter().all(|id| *id == "id-36"), "padded with its own last key");
-        let chunks = padded_chunks(&ids);
-        assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [200, 200, 200]);
-        let asked: HashSet<&str> = chunks.iter().flatten().copied().collect();
+        assert_eq!(statements_of(&ids[..37]).count(), 1, "37 keys, one statement");
+        let statements: Vec<&[&str]> = statements_of(&ids).collect();
+        assert_eq!(statements.iter().map(|s| s.len()).collect::<Vec<_>>(), [200, 200, 37]);
+        let asked: HashSet<&str> = statements.iter().flat_map(|s| s.iter().copied()).collect();
         assert_eq!(asked, ids.iter().copied().collect::<HashSet<_>>(), "every key asked");
     }
 
@@ -367,7 +355,7 @@ mod tests {
         let asked = [seen.clone(), unseen, elsewhere];
         assert_eq!(seen_among(&db, "search", &asked).await?, HashSet::from([seen.clone()]));
         assert!(seen_among(&db, "other", &asked).await?.is_empty());
-        // 137 keys go as one statement padded to 200: every one is asked.
+        // 137 keys go as one statement: every one is asked.
         let mut many: Vec<EventKey> = (0..136).map(|i| EventKey { source: "/test".into(), id: format!("x-{i}") }).collect();
         many.push(seen.clone());
         assert_eq!(seen_among(&db, "search", &many).await?, HashSet::from([seen]));
