@@ -17,7 +17,6 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -29,12 +28,10 @@ use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_projections::search::{self, Search};
 use herald_relay::{Relay, RelayConfig};
 use herald_store::{Db, inbox, outbox};
-use rdkafka::Message;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Headers;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::latency_observer::Observer;
 use super::latency_parts::{RelayBatches, SubscriptionBatches};
 use super::probes::{Pace, Probes, Summary, percentiles, round1, stage_json};
 use super::workload;
@@ -160,15 +157,14 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
             herald_consumer::run_subscription(&sub, &db, &handler, &options, &metrics, stop).await
         }
     });
-    let seen = Arc::new(AtomicU64::new(0));
-    let observer = tokio::spawn(observe(kafka.clone(), topics.events.clone(), probes.clone(), seen.clone(), stop.clone()));
+    let observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
     let reader = tokio::spawn(read_visible(db.clone(), probes.clone(), stop.clone()));
 
     // One event through before the clock starts: both groups have joined.
     let before = inbox::count(db, search::SUBSCRIPTION).await?;
     append(db, &topics.events, &format!("{run}-warm"), 0, 1).await?;
     wait_for(db, before + 1, Duration::from_secs(120)).await.context("the warm-up event never became visible")?;
-    observed(&seen, 1).await?;
+    observer.read(1).await?;
 
     let started = Instant::now();
     let appended = offer(db, &topics.events, run, rate, args.seconds, &probes).await?;
@@ -185,7 +181,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     stop.cancel();
     relay.await?;
     subscription.await??;
-    observer.await??;
+    observer.finish().await?;
     reader.await??;
     relay_db.close().await;
     subscription_db.close().await;
@@ -205,13 +201,12 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
     let topic = format!("latency-raw-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
     herald_kafka::ensure_topics(kafka, &[&topic], TopicSettings::partitions(args.partitions)).await?;
     let (probes, stop) = (Probes::default(), CancellationToken::new());
-    let seen = Arc::new(AtomicU64::new(0));
-    let observer = tokio::spawn(observe(kafka.clone(), topic.clone(), probes.clone(), seen.clone(), stop.clone()));
+    let observer = Observer::start(kafka, &topic, &probes, &stop)?;
     // One record through before the clock starts: the observer has joined.
     let producer = workload::producer(kafka)?;
     let warm = OutboxEvent::new(&topic, "warm", &workload::completion("warm", 0), Utc::now())?;
     workload::publish(&producer, std::slice::from_ref(&warm)).await?;
-    observed(&seen, 1).await?;
+    observer.read(1).await?;
     let mut pace = Pace::new(rate, args.seconds, TICK, PROBES_PER_SEC);
     let (mut sent, mut acks) = (0usize, Vec::new());
     while let Some(n) = pace.due().await {
@@ -231,7 +226,7 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
         tokio::time::sleep(READ_EVERY).await;
     }
     stop.cancel();
-    observer.await??;
+    observer.finish().await?;
     super::broker::delete_topics(kafka, &[&topic]).await?;
     Ok(probes.summary())
 }
@@ -265,24 +260,6 @@ async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize) -> anyho
     Ok((events.into_iter().map(|e| e.id).collect(), Instant::now()))
 }
 
-/// A plain consumer of the topic: when each probe's record is readable.
-async fn observe(kafka: KafkaConfig, topic: String, probes: Probes, seen: Arc<AtomicU64>, stop: CancellationToken) -> anyhow::Result<()> {
-    let consumer: StreamConsumer = kafka.consumer(&format!("latency-observer-{}", uuid::Uuid::new_v4())).create()?;
-    consumer.subscribe(&[&topic])?;
-    loop {
-        let message = tokio::select! {
-            _ = stop.cancelled() => return Ok(()),
-            m = consumer.recv() => m?,
-        };
-        let at = Instant::now();
-        seen.fetch_add(1, Ordering::SeqCst);
-        let id = message.headers().and_then(|h| h.iter().find(|h| h.key == "ce_id").and_then(|h| h.value.map(<[u8]>::to_vec)));
-        if let Some(id) = id.and_then(|v| String::from_utf8(v).ok()) {
-            probes.on_topic(&id, at);
-        }
-    }
-}
-
 /// A reader: every 2 ms, which of the oldest outstanding probes the search
 /// inbox shows (its row commits with the document). Every event of the run
 /// comes from [`OutboxEvent::new`]'s source.
@@ -299,16 +276,6 @@ async fn read_visible(db: Db, probes: Probes, stop: CancellationToken) -> anyhow
         let seen = inbox::seen_among(&db, search::SUBSCRIPTION, &keys).await?;
         let at = Instant::now();
         probes.visible(&seen.into_iter().map(|k| k.id).collect::<Vec<_>>(), at);
-    }
-    Ok(())
-}
-
-/// Until the observer has read `n` records.
-async fn observed(seen: &AtomicU64, n: u64) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.load(Ordering::SeqCst) < n {
-        anyhow::ensure!(Instant::now() < deadline, "the topic observer read nothing in 120 s");
-        tokio::time::sleep(READ_EVERY).await;
     }
     Ok(())
 }

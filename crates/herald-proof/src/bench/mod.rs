@@ -17,6 +17,7 @@
 mod broker;
 pub mod consume;
 mod latency;
+mod latency_observer;
 mod latency_parts;
 mod memory;
 mod peers;
