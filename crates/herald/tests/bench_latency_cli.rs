@@ -25,6 +25,8 @@ async fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_bro
             "2",
             "--lanes",
             "3",
+            "--warm-up",
+            "1",
             "--json",
             "--database",
             &server,
@@ -36,6 +38,10 @@ async fn the_latency_benchmark_runs_the_pipeline_and_reports_each_stage_real_bro
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(figures["subscription_lanes"], 3, "{figures}");
+    // A discarded load at the highest rate first (by default only on a cluster the benchmark started).
+    assert_eq!(figures["warm_up_seconds"], 1, "{figures}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("warming the pipeline up: 400 events/s for 1 s"), "{stderr}");
     let rates = figures["rates"].as_array().expect("rates");
     assert_eq!(rates.iter().map(|r| r["rate"].as_u64()).collect::<Vec<_>>(), [Some(100), Some(400)], "{figures}");
     for load in rates {

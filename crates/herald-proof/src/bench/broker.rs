@@ -48,6 +48,12 @@ pub(crate) struct RealCluster {
 }
 
 impl RealCluster {
+    /// Whether the benchmark started these nodes itself (they have just
+    /// come up), rather than being given a running cluster.
+    pub fn started_here(&self) -> bool {
+        self._nodes.is_some()
+    }
+
     /// `Err(exit code 2)` with a message when neither a cluster is given
     /// nor the broker's jars are there to start one.
     pub async fn given_or_started(args: &KafkaArgs, command: &str) -> anyhow::Result<Result<RealCluster, std::process::ExitCode>> {

@@ -51,6 +51,13 @@ pub struct LatencyBenchArgs {
     /// Batches of one relay slice out at once (`herald relay --in-flight`).
     #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub in_flight: u64,
+    /// Seconds of load at the highest rate offered, run and discarded
+    /// before the measured loads. Brokers just started answer their first
+    /// minute slower (the JVM still compiling their hot paths): the first
+    /// load on a fresh cluster was the run's outlier. Default: 20 when the
+    /// benchmark starts its own cluster, 0 with `--kafka`.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub warm_up: Option<u64>,
     /// Lanes of the search subscription (`SubscriptionOptions::lanes`).
     #[arg(long, default_value_t = SubscriptionOptions::default().lanes as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub lanes: u64,
@@ -75,6 +82,7 @@ const TARGETS_MS: [(u32, f64); 2] = [(1000, 50.0), (10_000, 250.0)];
 const PROBES_PER_SEC: u32 = 200;
 const TICK: Duration = Duration::from_millis(10);
 const READ_EVERY: Duration = Duration::from_millis(2);
+const DEFAULT_WARM_UP_SECONDS: u64 = 20;
 
 /// The figures of one offered load.
 struct Load {
@@ -97,10 +105,15 @@ pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
     };
     let (kafka, broker) = (cluster.kafka.clone(), cluster.describe.clone());
     let kafka = &kafka;
+    let warm_up = args.warm_up.unwrap_or(if cluster.started_here() { DEFAULT_WARM_UP_SECONDS } else { 0 });
     on_scratch_postgres(
         args.database.url.as_ref(),
         |url| async move {
             let db = Db::connect_and_migrate(&url).await?;
+            if let Some(&rate) = args.rates.iter().max().filter(|_| warm_up > 0) {
+                eprintln!("warming the pipeline up: {rate} events/s for {warm_up} s, not measured");
+                one_load(&db, &url, kafka, &LatencyBenchArgs { seconds: warm_up, ..args.clone() }, rate).await?;
+            }
             let mut loads = Vec::new();
             for &rate in &args.rates {
                 loads.push(one_load(&db, &url, kafka, args, rate).await?);
@@ -110,9 +123,9 @@ pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
         },
         |loads: Vec<Load>| {
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&to_json(&loads, &broker, args))?);
+                println!("{}", serde_json::to_string_pretty(&to_json(&loads, &broker, args, warm_up))?);
             } else {
-                print(&loads, &broker, args);
+                print(&loads, &broker, args, warm_up);
             }
             Ok(())
         },
@@ -293,7 +306,7 @@ fn target_of(rate: u32) -> Option<f64> {
     TARGETS_MS.iter().find(|(r, _)| *r == rate).map(|(_, ms)| *ms)
 }
 
-fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs) -> serde_json::Value {
+fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs, warm_up: u64) -> serde_json::Value {
     let rates: Vec<serde_json::Value> = loads
         .iter()
         .map(|l| {
@@ -313,13 +326,13 @@ fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs) -> serde_json:
             })
         })
         .collect();
-    json!({ "broker": broker, "seconds": args.seconds, "partitions": args.partitions, "relay_in_flight": args.in_flight,
+    json!({ "broker": broker, "seconds": args.seconds, "warm_up_seconds": warm_up, "partitions": args.partitions, "relay_in_flight": args.in_flight,
             "subscription_lanes": args.lanes, "relay_producer": settings(args), "rates": rates })
 }
 
-fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs) {
+fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs, warm_up: u64) {
     println!(
-        "herald bench latency — {} s per load, {} partitions, relay in flight {}, subscription lanes {}, relay producer [{}], Kafka: {broker}\n",
+        "herald bench latency — {} s per load after {warm_up} s of warm-up, {} partitions, relay in flight {}, subscription lanes {}, relay producer [{}], Kafka: {broker}\n",
         args.seconds,
         args.partitions,
         args.in_flight,
