@@ -51,8 +51,9 @@ pub struct LatencyBenchArgs {
     /// Batches of one relay slice out at once (`herald relay --in-flight`).
     #[arg(long, default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub in_flight: u64,
-    /// Seconds of load at the highest rate offered, run and discarded
-    /// before the measured loads. Brokers just started answer their first
+    /// Seconds of load at the highest rate offered (through the pipeline,
+    /// then the raw client, as a measured load), run and discarded before
+    /// the measured loads. Brokers just started answer their first
     /// minute slower (the JVM still compiling their hot paths): the first
     /// load on a fresh cluster was the run's outlier. Default: 20 when the
     /// benchmark starts its own cluster, 0 with `--kafka`.
@@ -105,7 +106,7 @@ pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
     };
     let (kafka, broker) = (cluster.kafka.clone(), cluster.describe.clone());
     let kafka = &kafka;
-    let warm_up = args.warm_up.unwrap_or(if cluster.started_here() { DEFAULT_WARM_UP_SECONDS } else { 0 });
+    let warm_up = warm_up_of(args.warm_up, cluster.started_here());
     on_scratch_postgres(
         args.database.url.as_ref(),
         |url| async move {
@@ -302,6 +303,12 @@ async fn wait_for(db: &Db, applied: i64, within: Duration) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The warm-up given, or by default [`DEFAULT_WARM_UP_SECONDS`] on a
+/// cluster the benchmark started itself and none on one it was given.
+fn warm_up_of(given: Option<u64>, started_here: bool) -> u64 {
+    given.unwrap_or(if started_here { DEFAULT_WARM_UP_SECONDS } else { 0 })
+}
+
 fn target_of(rate: u32) -> Option<f64> {
     TARGETS_MS.iter().find(|(r, _)| *r == rate).map(|(_, ms)| *ms)
 }
@@ -384,4 +391,17 @@ fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs, warm_up: u64) {
 /// The relay producer's overrides as given, `KEY=VALUE`.
 fn settings(args: &LatencyBenchArgs) -> Vec<String> {
     args.relay_producer.iter().map(|(key, value)| format!("{key}={value}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_cluster_started_here_is_warmed_up_unless_told() {
+        assert_eq!(warm_up_of(None, true), DEFAULT_WARM_UP_SECONDS);
+        assert_eq!(warm_up_of(None, false), 0, "a given cluster is measured as it is");
+        assert_eq!(warm_up_of(Some(0), true), 0);
+        assert_eq!(warm_up_of(Some(5), false), 5);
+    }
 }
