@@ -15,6 +15,8 @@ pub(crate) struct BenchBroker {
     pub bootstrap: String,
     /// Keeps the mock cluster alive for the run; `None` on a real cluster.
     mock: Option<EmbeddedKafka>,
+    /// The run's topics, deleted from a real cluster by [`BenchBroker::finish`].
+    topics: Vec<String>,
 }
 
 impl BenchBroker {
@@ -22,11 +24,19 @@ impl BenchBroker {
     pub async fn start(args: &KafkaArgs, topics: &[&str], partitions: i32) -> anyhow::Result<BenchBroker> {
         if let (Some(kafka), Some(brokers)) = (args.connect().await?, &args.brokers) {
             herald_kafka::ensure_topics(&kafka, topics, TopicSettings::partitions(partitions)).await?;
-            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), mock: None });
+            let topics = topics.iter().map(|t| (*t).to_owned()).collect();
+            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), mock: None, topics });
         }
         let mock = EmbeddedKafka::start(1, topics, partitions)?;
         let bootstrap = mock.bootstrap_servers().to_owned();
-        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, mock: Some(mock) })
+        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, mock: Some(mock), topics: Vec::new() })
+    }
+
+    /// Deletes the run's topics from a real cluster ([`delete_topics`]); the
+    /// mock cluster goes with the value. Runs that fail leave theirs.
+    pub async fn finish(self) -> anyhow::Result<()> {
+        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
+        if topics.is_empty() { Ok(()) } else { delete_topics(&self.kafka, &topics).await }
     }
 
     /// For the table and the JSON: `mock` or the bootstrap list.

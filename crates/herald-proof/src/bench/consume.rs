@@ -158,7 +158,7 @@ async fn measure(args: &ConsumeBenchArgs, url: &str) -> anyhow::Result<Rates> {
             Some(consume_memory(&db, url, &producer, &broker.bootstrap, &memory_prefix, args.memory_events as usize, run_id).await?);
     }
     db.close().await;
-    drop(broker);
+    broker.finish().await?;
     Ok(best)
 }
 

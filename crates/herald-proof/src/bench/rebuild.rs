@@ -132,8 +132,9 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let raw_insert_eps = n as f64 / raw_secs;
     eprintln!("raw batched insert: {raw_insert_eps:.0}/s");
     db.close().await;
-    let broker = broker.describe();
-    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps, raw_consume_eps, broker })
+    let described = broker.describe();
+    broker.finish().await?;
+    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps, raw_consume_eps, broker: described })
 }
 
 /// The live search subscription (defaults: batches of 1000, 2 lanes) until

@@ -102,6 +102,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
             Some(memory?)
         }
     };
+    broker.finish().await?;
 
     report(&args, raw, naive, herald, memory.as_ref())?;
     Ok(ExitCode::SUCCESS)
