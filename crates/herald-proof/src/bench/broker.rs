@@ -15,28 +15,31 @@ pub(crate) struct BenchBroker {
     pub bootstrap: String,
     /// Keeps the mock cluster alive for the run; `None` on a real cluster.
     mock: Option<EmbeddedKafka>,
-    /// The run's topics, deleted from a real cluster by [`BenchBroker::finish`].
+    /// The run's topics, deleted by [`BenchBroker::finish`] on a real cluster.
     topics: Vec<String>,
 }
 
 impl BenchBroker {
     /// Creates `topics` (names unique to the run on a real cluster).
     pub async fn start(args: &KafkaArgs, topics: &[&str], partitions: i32) -> anyhow::Result<BenchBroker> {
+        let names = topics.iter().map(|t| (*t).to_owned()).collect();
         if let (Some(kafka), Some(brokers)) = (args.connect().await?, &args.brokers) {
             herald_kafka::ensure_topics(&kafka, topics, TopicSettings::partitions(partitions)).await?;
-            let topics = topics.iter().map(|t| (*t).to_owned()).collect();
-            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), mock: None, topics });
+            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), mock: None, topics: names });
         }
         let mock = EmbeddedKafka::start(1, topics, partitions)?;
         let bootstrap = mock.bootstrap_servers().to_owned();
-        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, mock: Some(mock), topics: Vec::new() })
+        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, mock: Some(mock), topics: names })
     }
 
     /// Deletes the run's topics from a real cluster ([`delete_topics`]); the
     /// mock cluster goes with the value. Runs that fail leave theirs.
     pub async fn finish(self) -> anyhow::Result<()> {
+        if self.mock.is_some() {
+            return Ok(());
+        }
         let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
-        if topics.is_empty() { Ok(()) } else { delete_topics(&self.kafka, &topics).await }
+        delete_topics(&self.kafka, &topics).await
     }
 
     /// For the table and the JSON: `mock` or the bootstrap list.

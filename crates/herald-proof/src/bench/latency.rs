@@ -171,7 +171,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
             herald_consumer::run_subscription(&sub, &db, &handler, &options, &metrics, stop).await
         }
     });
-    let mut observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
+    let observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
     let reader = tokio::spawn(read_visible(db.clone(), probes.clone(), stop.clone()));
 
     // One event through before the clock starts: both groups have joined.
@@ -215,7 +215,7 @@ async fn raw_client(kafka: &KafkaConfig, args: &LatencyBenchArgs, rate: u32) -> 
     let topic = format!("latency-raw-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
     herald_kafka::ensure_topics(kafka, &[&topic], TopicSettings::partitions(args.partitions)).await?;
     let (probes, stop) = (Probes::default(), CancellationToken::new());
-    let mut observer = Observer::start(kafka, &topic, &probes, &stop)?;
+    let observer = Observer::start(kafka, &topic, &probes, &stop)?;
     // One record through before the clock starts: the observer has joined.
     let producer = workload::producer(kafka)?;
     let warm = OutboxEvent::new(&topic, "warm", &workload::completion("warm", 0), Utc::now())?;
