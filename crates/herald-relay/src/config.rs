@@ -10,18 +10,17 @@ pub struct RelayConfig {
     /// Rows read, published and recorded per batch of one slice while this
     /// relay holds every slice; see [`RelayConfig::batch_for`].
     pub batch_size: i64,
-    /// Batches of one slice sent and not yet recorded at once. With 2 (the
-    /// default) the next batch goes out while the last one's
-    /// acknowledgements come back, so a slice does not stop for a round trip
-    /// to the brokers per batch: a lone relay draining a backlog was 11–38 %
-    /// faster than with 1 on the mock and 19–36 % on the three-node cluster.
-    /// Four relays sharing an outbox drained slower than one that way until
-    /// the lingering producer followed the relay's share (BENCHMARKS.md,
-    /// "Requests as large as one relay's, in time too"). What it costs: a
-    /// failure also sends the batch behind the failed one again, and a relay
-    /// holds up to two batches of rows per slice. With 1 a batch is sent only
-    /// after the previous one's progress committed, and only read while it
-    /// commits.
+    /// Batches of one slice sent and not yet recorded at once. With 1 (the
+    /// default) a batch is sent only after the previous one's progress
+    /// committed, and only read while it commits. With 2 the next batch
+    /// goes out while the last one's acknowledgements come back, so a slice
+    /// does not stop for a round trip to the brokers per batch: a lone
+    /// relay draining a backlog was 11–38 % faster on the mock and 19–36 %
+    /// on the three-node cluster. It stays off by default because four
+    /// relays sharing an outbox on two cores then drained slower than one
+    /// (BENCHMARKS.md, "Two batches out: faster alone, not in company"). A
+    /// failure then costs the batch sent behind the failed one: it goes out
+    /// again.
     pub in_flight: usize,
     /// Lease length; a relay that neither renews nor records progress for
     /// this long loses its slices to another relay.
@@ -63,7 +62,7 @@ impl Default for RelayConfig {
     fn default() -> Self {
         RelayConfig {
             batch_size: 1000,
-            in_flight: 2,
+            in_flight: 1,
             lease: Duration::from_secs(15),
             renew_every: Duration::from_secs(5),
             max_attempts: 10,

@@ -21,9 +21,6 @@ pub struct RelayCounters {
     /// Batches sent through the producer that lingers (full batches: a
     /// backlog); the others went through the one that sends at once.
     pub backlog_batches: AtomicU64,
-    /// The linger of the lingering producer in use, in microseconds: it
-    /// follows the relay's share of the slices.
-    pub backlog_linger_us: AtomicU64,
     /// Slices claimed.
     pub claims: AtomicU64,
     /// Times a slice found nothing to read and began to wait.
@@ -46,10 +43,6 @@ impl RelayCounters {
 
     pub(crate) fn add(counter: &AtomicU64, n: usize) {
         counter.fetch_add(n as u64, Ordering::Relaxed);
-    }
-
-    pub(crate) fn set(counter: &AtomicU64, value: u64) {
-        counter.store(value, Ordering::Relaxed);
     }
 
     pub(crate) fn time(counter: &AtomicU64, since: std::time::Instant) {

@@ -43,10 +43,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Slices held now: what sizes a slice's next batch and picks the
-    /// producer a full one goes through.
-    pub(crate) fn held(&self) -> usize {
-        self.held.load(Ordering::Relaxed)
+    /// Rows a slice reads next.
+    pub(crate) fn batch_size(&self) -> i64 {
+        self.config.batch_for(self.held.load(Ordering::Relaxed))
     }
 }
 
@@ -67,10 +66,17 @@ fn active(held: &HashMap<i32, Held>) -> impl Iterator<Item = i32> + '_ {
 
 impl Relay {
     pub fn new(db: Db, kafka: &KafkaConfig, config: RelayConfig) -> Result<Relay, RelayError> {
-        let counters = Arc::<RelayCounters>::default();
-        let publisher = Publisher::new(kafka, &config, Arc::clone(&counters)).map_err(RelayError::Producer)?;
+        let publisher = Publisher::new(kafka, &config).map_err(RelayError::Producer)?;
         let reader = Reader::of(&db, READ_CONNECTIONS)?;
-        let shared = Shared { db, reader, publisher, config, counters, wake: Arc::new(wake::Wake::new()), held: AtomicUsize::new(0) };
+        let shared = Shared {
+            db,
+            reader,
+            publisher,
+            config,
+            counters: Arc::default(),
+            wake: Arc::new(wake::Wake::new()),
+            held: AtomicUsize::new(0),
+        };
         Ok(Relay { shared: Arc::new(shared) })
     }
 

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use herald_fault::{Action, Point};
 use herald_store::StoreError;
 use herald_store::outbox::OutboxRow;
@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::claims::{self as store, Claim, Cursor, Fence};
-use crate::publish::{Lane, Publisher};
+use crate::publish::{Lane, in_order};
 use crate::relay::Shared;
 use crate::settle::{Settled, Tally, settle};
 use crate::{PublishError, RelayCounters};
@@ -102,21 +102,18 @@ struct Worker {
     drain_until: Option<tokio::time::Instant>,
 }
 
-/// Rows read from `from` (a cursor whose snapshot is set), at most `limit`,
-/// while the relay held `held` slices.
+/// Rows read from `from` (a cursor whose snapshot is set), at most `limit`.
 struct Read {
     rows: Vec<OutboxRow>,
     from: Cursor,
     limit: i64,
-    held: usize,
 }
 
 impl Read {
-    /// A full batch means a backlog (the producer lingering for the relay's
-    /// share); anything less also means the read returned everything left in
-    /// its step.
+    /// A full batch means a backlog (the lingering producer); anything less
+    /// also means the read returned everything left in its step.
     fn lane(&self) -> Lane {
-        if (self.rows.len() as i64) < self.limit { Lane::Live } else { Publisher::backlog_lane(self.held) }
+        if (self.rows.len() as i64) < self.limit { Lane::Live } else { Lane::Backlog }
     }
 }
 
@@ -248,25 +245,24 @@ impl Worker {
         // Rows announced from here on wake the slice again.
         self.wake.borrow_and_update();
         let started = Instant::now();
-        let held = self.shared.held();
-        let limit = self.shared.config.batch_for(held);
+        let limit = self.shared.batch_size();
         let (rows, from) = store::read(&self.shared.reader, self.claim.slice, &self.cursor, limit).await?;
         RelayCounters::time(&self.shared.counters.read_us, started);
-        Ok(Read { rows, from, limit, held })
+        Ok(Read { rows, from, limit })
     }
 
     async fn send(&mut self, read: Read, lane: Lane) {
         let step_done = lane == Lane::Live;
-        if lane != Lane::Live {
+        if lane == Lane::Backlog {
             RelayCounters::add(&self.shared.counters.backlog_batches, 1);
         }
         // The next read goes on as if every row is delivered; if not, what
         // was read from here is dropped.
         self.cursor = read.from.after(read.rows.last().map(|r| (r.xid, r.seq)), step_done);
-        let verdicts = self.shared.publisher.send_all(&read.rows, lane).await;
+        let deliveries = self.shared.publisher.send_all(&read.rows, lane).await;
         RelayCounters::add(&self.shared.counters.sent, read.rows.len());
         RelayCounters::add(&self.shared.counters.batches, 1);
-        self.sent.push_back(Sent { read, lane, verdicts });
+        self.sent.push_back(Sent { read, lane, verdicts: in_order(deliveries).boxed() });
     }
 
     /// Settles the oldest batch out and starts its progress write once the

@@ -24,11 +24,11 @@ pub struct RelayArgs {
     /// this), so it keeps about 16 × this many rows out whatever its share.
     #[arg(long, env = "HERALD_RELAY_BATCH", default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub batch_size: i64,
-    /// Batches of one slice sent and not yet recorded at once: 2 sends the
-    /// next while the last one's acknowledgements come back (after a
-    /// failure the batch behind goes out again too); 1 waits for each
-    /// batch's progress write before sending the next (fewer duplicates
-    /// after a failure, half the rows held).
+    /// Batches of one slice sent and not yet recorded at once: 1 waits for
+    /// each batch's progress write before sending the next; 2 sends the
+    /// next while the last one's acknowledgements come back (for brokers a
+    /// long round trip away; after a failure the batch behind goes out
+    /// again too).
     #[arg(long, env = "HERALD_RELAY_IN_FLIGHT", default_value_t = RelayConfig::default().in_flight as u64, value_parser = clap::value_parser!(u64).range(1..=16))]
     pub in_flight: u64,
     /// Lease of a claimed slice, in milliseconds; renewed at a third of it.
