@@ -13,38 +13,45 @@ use rdkafka::types::RDKafkaErrorCode;
 pub(crate) struct BenchBroker {
     pub kafka: KafkaConfig,
     pub bootstrap: String,
-    /// Keeps the mock cluster alive for the run; `None` on a real cluster.
-    mock: Option<EmbeddedKafka>,
-    /// The run's topics, deleted by [`BenchBroker::finish`] on a real cluster.
-    topics: Vec<String>,
+    cluster: Cluster,
+}
+
+/// What a run leaves behind depends on where it published.
+enum Cluster {
+    /// Kept alive for the run; it goes with the value.
+    Mock { _cluster: EmbeddedKafka },
+    /// The run's topics on a real cluster, deleted by [`BenchBroker::finish`].
+    Real { topics: Vec<String> },
 }
 
 impl BenchBroker {
     /// Creates `topics` (names unique to the run on a real cluster).
     pub async fn start(args: &KafkaArgs, topics: &[&str], partitions: i32) -> anyhow::Result<BenchBroker> {
-        let names = topics.iter().map(|t| (*t).to_owned()).collect();
         if let (Some(kafka), Some(brokers)) = (args.connect().await?, &args.brokers) {
             herald_kafka::ensure_topics(&kafka, topics, TopicSettings::partitions(partitions)).await?;
-            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), mock: None, topics: names });
+            let topics = topics.iter().map(|t| (*t).to_owned()).collect();
+            return Ok(BenchBroker { kafka, bootstrap: brokers.clone(), cluster: Cluster::Real { topics } });
         }
         let mock = EmbeddedKafka::start(1, topics, partitions)?;
         let bootstrap = mock.bootstrap_servers().to_owned();
-        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, mock: Some(mock), topics: names })
+        Ok(BenchBroker { kafka: KafkaConfig::new(&bootstrap), bootstrap, cluster: Cluster::Mock { _cluster: mock } })
     }
 
     /// Deletes the run's topics from a real cluster ([`delete_topics`]); the
     /// mock cluster goes with the value. Runs that fail leave theirs.
     pub async fn finish(self) -> anyhow::Result<()> {
-        if self.mock.is_some() {
-            return Ok(());
+        match &self.cluster {
+            Cluster::Mock { .. } => Ok(()),
+            Cluster::Real { topics } => delete_topics(&self.kafka, &topics.iter().map(String::as_str).collect::<Vec<_>>()).await,
         }
-        let topics: Vec<&str> = self.topics.iter().map(String::as_str).collect();
-        delete_topics(&self.kafka, &topics).await
     }
 
     /// For the table and the JSON: `mock` or the bootstrap list.
     pub fn describe(&self) -> String {
-        if self.mock.is_some() { "in-process mock cluster".to_owned() } else { self.bootstrap.clone() }
+        match self.cluster {
+            Cluster::Mock { .. } => "in-process mock cluster".to_owned(),
+            Cluster::Real { .. } => self.bootstrap.clone(),
+        }
     }
 }
 
