@@ -39,12 +39,46 @@ pub use secure::SecureListener;
 
 /// Where the broker's jars are: set by `scripts/test`.
 pub const KAFKA_HOME_ENV: &str = "HERALD_KAFKA_HOME";
-/// Extra JVM options for every node, replacing [`DEFAULT_JVM_OPTS`].
+/// JVM options for every node, replacing those of its [`Jit`].
 pub const JVM_OPTS_ENV: &str = "HERALD_KAFKA_JVM_OPTS";
 /// Small heap, serial GC and the C1 compiler only: three nodes plus the
 /// tests share two cores, and a node spends most of its start in the JIT.
 pub const DEFAULT_JVM_OPTS: &str =
     "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
+/// The same with the JVM's full tiered compilation, as brokers run in
+/// production: slower to start, less CPU per request once warm.
+pub const STEADY_JVM_OPTS: &str = "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
+
+/// How the nodes' JVMs compile Kafka's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Jit {
+    /// C1 only ([`DEFAULT_JVM_OPTS`]): quick to start, for tests.
+    #[default]
+    QuickStart,
+    /// Full tiered compilation ([`STEADY_JVM_OPTS`]): for benchmarks, whose
+    /// figures should be the brokers' steady state. On the 2-core machine
+    /// the relay's batches waited 9–14 ms for `acks=all` against 20–25 ms
+    /// with C1 only (BENCHMARKS.md, "Latency").
+    Steady,
+}
+
+impl Jit {
+    /// The options a node starts with: [`JVM_OPTS_ENV`] if set, else this
+    /// choice's.
+    fn jvm_opts(self) -> String {
+        self.jvm_opts_over(std::env::var(JVM_OPTS_ENV).ok())
+    }
+
+    fn jvm_opts_over(self, given: Option<String>) -> String {
+        given.unwrap_or_else(|| {
+            match self {
+                Jit::QuickStart => DEFAULT_JVM_OPTS,
+                Jit::Steady => STEADY_JVM_OPTS,
+            }
+            .to_owned()
+        })
+    }
+}
 /// How long a node may take to join (JVM start, log recovery, catching up
 /// with the quorum) on a loaded 2-core machine.
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -87,6 +121,11 @@ impl Cluster {
     /// Formats and starts `nodes` nodes under `dir` and waits until the
     /// metadata lists all of them.
     pub fn start(kafka_home: &Path, dir: &Path, nodes: usize) -> anyhow::Result<Cluster> {
+        Cluster::start_with(kafka_home, dir, nodes, Jit::QuickStart)
+    }
+
+    /// [`Cluster::start`] with the nodes' JVMs compiling as `jit` says.
+    pub fn start_with(kafka_home: &Path, dir: &Path, nodes: usize, jit: Jit) -> anyhow::Result<Cluster> {
         anyhow::ensure!(nodes >= 1, "a cluster needs at least one node");
         check_kafka_home(kafka_home)?;
         // The CA paths go to clients in other directories (the binary's env
@@ -95,7 +134,7 @@ impl Cluster {
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             let attempt_dir = dir.join(format!("attempt-{attempt}"));
-            match Cluster::try_start(kafka_home, &attempt_dir, nodes) {
+            match Cluster::try_start(kafka_home, &attempt_dir, nodes, jit) {
                 Ok(cluster) => return Ok(cluster),
                 Err(e) if node::port_clash(&attempt_dir) && attempt < START_ATTEMPTS => last_error = Some(e),
                 Err(e) => return Err(e),
@@ -104,7 +143,7 @@ impl Cluster {
         Err(last_error.unwrap_or_else(|| anyhow::anyhow!("the cluster did not start")))
     }
 
-    fn try_start(kafka_home: &Path, dir: &Path, nodes: usize) -> anyhow::Result<Cluster> {
+    fn try_start(kafka_home: &Path, dir: &Path, nodes: usize, jit: Jit) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let ports = free_ports(nodes)?;
         let log4j = dir.join("log4j2.properties");
@@ -117,7 +156,7 @@ impl Cluster {
             std::fs::create_dir_all(&node_dir)?;
             let properties = node_dir.join("server.properties");
             std::fs::write(&properties, props::render(id, &ports, &node_dir.join("data"), &secure))?;
-            list.push(Node::new(id, ports[id - 1].broker, node_dir, kafka_home, &log4j));
+            list.push(Node::new(id, ports[id - 1].broker, node_dir, kafka_home, &log4j, jit.jvm_opts()));
         }
         node::format_storage(&list, &cluster_id, &secure.scram_credential())?;
         let metadata = metadata_client(&bootstrap(&list))?;
@@ -297,5 +336,15 @@ mod tests {
             let id = super::new_cluster_id();
             assert!(!id.starts_with('-') && id.len() == 22, "{id}");
         }
+    }
+
+    #[test]
+    fn only_tests_stop_the_jit_at_c1_and_the_operators_options_win() {
+        use super::Jit;
+        assert!(Jit::QuickStart.jvm_opts_over(None).contains("-XX:TieredStopAtLevel=1"));
+        let steady = Jit::Steady.jvm_opts_over(None);
+        assert!(!steady.contains("TieredStopAtLevel"), "{steady}");
+        assert!(steady.contains("-Xmx512m") && steady.contains("-XX:+UseSerialGC"), "the same heap and collector: {steady}");
+        assert_eq!(Jit::Steady.jvm_opts_over(Some("-Xmx1g".into())), "-Xmx1g");
     }
 }

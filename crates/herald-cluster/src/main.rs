@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use herald_cluster::Cluster;
+use herald_cluster::{Cluster, Jit};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -34,6 +34,11 @@ struct Args {
     /// and the SASL_SSL settings, one `KEY=VALUE` a line.
     #[arg(long)]
     env_file: Option<PathBuf>,
+    /// Full tiered JIT compilation (as production brokers run) instead of
+    /// C1 only: slower to start, cheaper per request once warm; for a
+    /// cluster that benchmarks run against.
+    #[arg(long)]
+    steady_jit: bool,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -42,7 +47,8 @@ async fn main() -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let (home, dir, nodes) = (args.kafka_home.clone(), args.dir.clone(), args.nodes);
-    let cluster = tokio::task::spawn_blocking(move || Cluster::start(&home, &dir, nodes)).await??;
+    let jit = if args.steady_jit { Jit::Steady } else { Jit::QuickStart };
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start_with(&home, &dir, nodes, jit)).await??;
     let lines = env_lines(&cluster);
     if let Some(file) = &args.env_file {
         // Written whole, then renamed, so a reader never sees half of it.

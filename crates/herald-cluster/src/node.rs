@@ -12,14 +12,15 @@ pub struct Node {
     dir: PathBuf,
     kafka_home: PathBuf,
     log4j: PathBuf,
+    jvm_opts: String,
     child: Option<Child>,
     /// Times this node was started, the first start included.
     starts: u32,
 }
 
 impl Node {
-    pub(crate) fn new(id: usize, port: u16, dir: PathBuf, kafka_home: &Path, log4j: &Path) -> Node {
-        Node { id, port, dir, kafka_home: kafka_home.to_owned(), log4j: log4j.to_owned(), child: None, starts: 0 }
+    pub(crate) fn new(id: usize, port: u16, dir: PathBuf, kafka_home: &Path, log4j: &Path, jvm_opts: String) -> Node {
+        Node { id, port, dir, kafka_home: kafka_home.to_owned(), log4j: log4j.to_owned(), jvm_opts, child: None, starts: 0 }
     }
 
     /// Kafka's `node.id`, 1-based.
@@ -59,9 +60,8 @@ impl Node {
             .filter(|p| p.exists())
             .unwrap_or_else(|| PathBuf::from("java"));
         let mut command = Command::new(java);
-        let opts = std::env::var(crate::JVM_OPTS_ENV).unwrap_or_else(|_| crate::DEFAULT_JVM_OPTS.to_owned());
         command
-            .args(opts.split_whitespace())
+            .args(self.jvm_opts.split_whitespace())
             .arg(format!("-Dkafka.logs.dir={}", self.dir.display()))
             .arg(format!("-Dlog4j2.configurationFile={}", self.log4j.display()))
             .arg("-cp")

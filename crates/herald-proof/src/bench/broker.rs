@@ -89,7 +89,9 @@ impl RealCluster {
         };
         let dir = tempfile::tempdir()?;
         eprintln!("starting a three-node Apache Kafka cluster from {}", home.display());
-        let cluster = tokio::task::block_in_place(|| herald_cluster::Cluster::start(&home, dir.path(), 3))?;
+        // The brokers' steady state is what a benchmark measures.
+        let cluster =
+            tokio::task::block_in_place(|| herald_cluster::Cluster::start_with(&home, dir.path(), 3, herald_cluster::Jit::Steady))?;
         let bootstrap = cluster.bootstrap();
         let describe = format!("three private nodes, {bootstrap}");
         Ok(Ok(RealCluster { kafka: KafkaConfig::new(&bootstrap), bootstrap, describe, _nodes: Some((cluster, dir)) }))

@@ -23,7 +23,7 @@ use anyhow::Context;
 use chrono::Utc;
 use clap::Args;
 use herald_consumer::{Metrics, Subscription, SubscriptionOptions};
-use herald_envelope::{EventKey, OutboxEvent, SOURCE_EXPORTS};
+use herald_envelope::OutboxEvent;
 use herald_kafka::{KafkaConfig, TopicSettings, Topics};
 use herald_projections::search::{self, Search};
 use herald_relay::{Relay, RelayConfig};
@@ -32,7 +32,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::latency_observer::Observer;
-use super::latency_parts::{RelayBatches, SubscriptionBatches};
+use super::latency_parts::{RelayBatches, SubscriptionBatches, Timed};
+use super::latency_reader::{self, READ_EVERY};
 use super::probes::{Pace, Probes, Summary, percentiles, round1, stage_json};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
@@ -82,7 +83,6 @@ pub struct LatencyBenchArgs {
 const TARGETS_MS: [(u32, f64); 2] = [(1000, 50.0), (10_000, 250.0)];
 const PROBES_PER_SEC: u32 = 200;
 const TICK: Duration = Duration::from_millis(10);
-const READ_EVERY: Duration = Duration::from_millis(2);
 const DEFAULT_WARM_UP_SECONDS: u64 = 20;
 
 /// The figures of one offered load.
@@ -96,6 +96,9 @@ struct Load {
     raw: Summary,
     relay: RelayBatches,
     subscription: SubscriptionBatches,
+    /// How long each of the reader's looks took: a look that returns late
+    /// notes the probes it finds late.
+    reader_looks: Vec<Duration>,
 }
 
 pub async fn run(args: LatencyBenchArgs) -> anyhow::Result<ExitCode> {
@@ -165,14 +168,14 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     let metrics = Arc::new(Metrics::default());
     let options = SubscriptionOptions { lanes: args.lanes as usize, ..SubscriptionOptions::default() };
     let subscription = tokio::spawn({
-        let (db, stop, metrics) = (subscription_db.clone(), stop.clone(), metrics.clone());
+        let (db, stop, metrics, probes) = (subscription_db.clone(), stop.clone(), metrics.clone(), probes.clone());
         async move {
-            let handler = herald_wiring::subscriptions::live(Search, &sub);
+            let handler = Timed { inner: herald_wiring::subscriptions::live(Search, &sub), probes };
             herald_consumer::run_subscription(&sub, &db, &handler, &options, &metrics, stop).await
         }
     });
     let observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
-    let reader = tokio::spawn(read_visible(db.clone(), probes.clone(), stop.clone()));
+    let reader = latency_reader::spawn(url, probes.clone(), stop.clone());
 
     // One event through before the clock starts: both groups have joined.
     let before = inbox::count(db, search::SUBSCRIPTION).await?;
@@ -196,7 +199,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     relay.await?;
     subscription.await??;
     observer.finish().await?;
-    reader.await??;
+    let reader_looks = tokio::task::spawn_blocking(move || reader.join()).await?.map_err(|_| anyhow::anyhow!("the reader panicked"))??;
     relay_db.close().await;
     subscription_db.close().await;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
@@ -206,7 +209,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
     super::broker::delete_topics(kafka, &topics.all()).await?;
     let raw = raw_client(kafka, args, rate).await?;
     let (relay, subscription) = (RelayBatches::of(&relay_counters), SubscriptionBatches::of(&metrics));
-    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw, relay, subscription })
+    Ok(Load { rate, offered_eps, appended, probes: probes.count(), summary: probes.summary(), raw, relay, subscription, reader_looks })
 }
 
 /// The floor on this cluster: a plain producer (Herald's settings: acks=all,
@@ -274,26 +277,6 @@ async fn append(db: &Db, topic: &str, run: &str, from: usize, n: usize) -> anyho
     Ok((events.into_iter().map(|e| e.id).collect(), Instant::now()))
 }
 
-/// A reader: every 2 ms, which of the oldest outstanding probes the search
-/// inbox shows (its row commits with the document). Every event of the run
-/// comes from [`OutboxEvent::new`]'s source.
-async fn read_visible(db: Db, probes: Probes, stop: CancellationToken) -> anyhow::Result<()> {
-    let mut tick = tokio::time::interval(READ_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while !stop.is_cancelled() {
-        tick.tick().await;
-        let open = probes.outstanding(200);
-        if open.is_empty() {
-            continue;
-        }
-        let keys: Vec<EventKey> = open.into_iter().map(|id| EventKey { source: SOURCE_EXPORTS.to_owned(), id }).collect();
-        let seen = inbox::seen_among(&db, search::SUBSCRIPTION, &keys).await?;
-        let at = Instant::now();
-        probes.visible(&seen.into_iter().map(|k| k.id).collect::<Vec<_>>(), at);
-    }
-    Ok(())
-}
-
 async fn wait_for(db: &Db, applied: i64, within: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     while inbox::count(db, search::SUBSCRIPTION).await? < applied {
@@ -326,8 +309,11 @@ fn to_json(loads: &[Load], broker: &str, args: &LatencyBenchArgs, warm_up: u64) 
                 "stages": {
                     "commit_to_topic": stage_json(&l.summary.commit_to_topic),
                     "topic_to_visible": stage_json(&l.summary.topic_to_visible),
+                    "topic_to_applying": stage_json(&l.summary.topic_to_applying),
+                    "applying_to_visible": stage_json(&l.summary.applying_to_visible),
                     "raw_send_to_readable": stage_json(&l.raw.commit_to_topic),
                 },
+                "reader_look": stage_json(&l.reader_looks),
                 "relay_per_batch": l.relay.to_json(),
                 "subscription_per_batch": l.subscription.to_json(),
             })
@@ -352,8 +338,11 @@ fn print(loads: &[Load], broker: &str, args: &LatencyBenchArgs, warm_up: u64) {
         for (stage, samples) in [
             ("commit → record readable on the topic", &l.summary.commit_to_topic),
             ("record readable → document visible", &l.summary.topic_to_visible),
+            ("  of which: readable → handed to the projection", &l.summary.topic_to_applying),
+            ("  of which: handed to the projection → visible", &l.summary.applying_to_visible),
             ("end to end: commit → document visible", &l.summary.end_to_end),
             ("raw rdkafka client: send → readable (the floor)", &l.raw.commit_to_topic),
+            ("the reader's look at the inbox (each, not per probe)", &l.reader_looks),
         ] {
             let [p50, p99, max] = percentiles(samples);
             println!("| {:.0} | {stage} | {p50:.1} | {p99:.1} | {max:.1} | {} |", l.offered_eps, samples.len());

@@ -3,12 +3,15 @@
 //! so a slow stage in the per-probe table can be traced to its part.
 
 use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
-use herald_consumer::Metrics;
+use herald_consumer::{Handler, HandlerError, Metrics, Order, Record, WritePath};
 use herald_relay::RelayCounters;
+use herald_store::Tx;
 use serde_json::json;
+use sqlx::PgConnection;
 
-use super::probes::round1;
+use super::probes::{Probes, round1};
 
 /// Where the relay's part went: per batch, on average, the rows it carried
 /// and the time its slice spent reading it, awaiting the broker's
@@ -67,5 +70,45 @@ impl SubscriptionBatches {
         let stages: serde_json::Map<String, serde_json::Value> =
             self.stages_ms.iter().map(|(stage, ms)| (format!("{stage}_ms"), json!(round1(*ms)))).collect();
         json!({ "batches": self.batches, "records": round1(self.records), "stages": stages })
+    }
+}
+
+/// The benchmark's handler: the one `herald consume search` runs, noting
+/// when each probe is handed to it inside the subscription's transaction.
+/// That moment splits "readable → visible" into the subscription's fetch,
+/// receive and decoding before it, and the write, commit and reader's next
+/// look after it.
+pub(super) struct Timed<H> {
+    pub(super) inner: H,
+    pub(super) probes: Probes,
+}
+
+impl<H: Handler> Timed<H> {
+    fn note(&self, records: &[Record<'_>]) {
+        self.probes.applying(records.iter().map(|r| r.event.key.id.as_str()), Instant::now());
+    }
+}
+
+impl<H: Handler> Handler for Timed<H> {
+    fn handles(&self, event_type: &str) -> bool {
+        self.inner.handles(event_type)
+    }
+
+    fn order(&self) -> Order {
+        self.inner.order()
+    }
+
+    async fn apply(&self, tx: &mut Tx<'_>, records: &[Record<'_>]) -> Result<(), HandlerError> {
+        self.note(records);
+        self.inner.apply(tx, records).await
+    }
+
+    fn applies_pg(&self) -> bool {
+        self.inner.applies_pg()
+    }
+
+    async fn apply_pg(&self, tx: &mut PgConnection, records: &[Record<'_>], path: WritePath) -> Result<(), HandlerError> {
+        self.note(records);
+        self.inner.apply_pg(tx, records, path).await
     }
 }

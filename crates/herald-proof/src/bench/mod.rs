@@ -19,6 +19,7 @@ pub mod consume;
 mod latency;
 mod latency_observer;
 mod latency_parts;
+mod latency_reader;
 mod memory;
 mod peers;
 mod probes;

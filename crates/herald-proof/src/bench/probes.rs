@@ -1,7 +1,8 @@
 //! Timing probes for `herald bench latency`: some of the events appended are
-//! probes, and each probe's three moments are noted — its transaction
-//! committed, its record was readable by a consumer of the topic, its inbox
-//! row (committed with its search document) was visible to a reader.
+//! probes, and each probe's moments are noted — its transaction committed,
+//! its record was readable by a consumer of the topic, the search
+//! projection was handed it inside the subscription's transaction, its
+//! inbox row (committed with its search document) was visible to a reader.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,7 @@ use serde_json::json;
 struct Moments {
     committed: Option<Instant>,
     on_topic: Option<Instant>,
+    applying: Option<Instant>,
     visible: Option<Instant>,
 }
 
@@ -36,6 +38,18 @@ impl Probes {
         self.with(|m| {
             if let Some(p) = m.get_mut(id) {
                 p.on_topic.get_or_insert(at);
+            }
+        });
+    }
+
+    /// The projection was handed these events (not yet committed); ids
+    /// that are no probe's are ignored.
+    pub fn applying<'a>(&self, ids: impl IntoIterator<Item = &'a str>, at: Instant) {
+        self.with(|m| {
+            for id in ids {
+                if let Some(p) = m.get_mut(id) {
+                    p.applying.get_or_insert(at);
+                }
             }
         });
     }
@@ -75,6 +89,12 @@ impl Probes {
                     if let Some(v) = p.visible {
                         s.topic_to_visible.push(v.saturating_duration_since(t));
                     }
+                    if let Some(a) = p.applying {
+                        s.topic_to_applying.push(a.saturating_duration_since(t));
+                    }
+                }
+                if let (Some(a), Some(v)) = (p.applying, p.visible) {
+                    s.applying_to_visible.push(v.saturating_duration_since(a));
                 }
                 if let Some(v) = p.visible {
                     s.end_to_end.push(v.saturating_duration_since(c));
@@ -154,6 +174,12 @@ pub(crate) struct Summary {
     pub end_to_end: Vec<Duration>,
     pub commit_to_topic: Vec<Duration>,
     pub topic_to_visible: Vec<Duration>,
+    /// Readable on the topic → handed to the projection: the subscription's
+    /// fetch, its receive, decoding and the transaction's first statements.
+    pub topic_to_applying: Vec<Duration>,
+    /// Handed to the projection → visible: the rest of the transaction, its
+    /// commit, and the reader's next look.
+    pub applying_to_visible: Vec<Duration>,
 }
 
 /// p50, p99 and max in milliseconds; zeros when empty.
@@ -219,6 +245,12 @@ mod tests {
         probes.on_topic("b", t0 + Duration::from_millis(3));
         assert_eq!(probes.summary().commit_to_topic.len(), 2, "a stage counts without the next one");
         assert_eq!(s.topic_to_visible[0], Duration::from_millis(7));
+        assert!(s.topic_to_applying.is_empty() && s.applying_to_visible.is_empty(), "never handed to the projection");
+        probes.applying(["b", "not-a-probe"], t0 + Duration::from_millis(9));
+        probes.visible(&["b".into()], t0 + Duration::from_millis(20));
+        let s = probes.summary();
+        assert_eq!(s.topic_to_applying, [Duration::from_millis(6)]);
+        assert_eq!(s.applying_to_visible, [Duration::from_millis(11)]);
         assert_eq!(probes.count(), 2);
     }
 }
