@@ -41,13 +41,18 @@ pub use secure::SecureListener;
 pub const KAFKA_HOME_ENV: &str = "HERALD_KAFKA_HOME";
 /// JVM options for every node, replacing those of its [`Jit`].
 pub const JVM_OPTS_ENV: &str = "HERALD_KAFKA_JVM_OPTS";
-/// Small heap, serial GC and the C1 compiler only: three nodes plus the
-/// tests share two cores, and a node spends most of its start in the JIT.
-pub const DEFAULT_JVM_OPTS: &str =
-    "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
-/// The same with the JVM's full tiered compilation, as brokers run in
-/// production: slower to start, less CPU per request once warm.
-pub const STEADY_JVM_OPTS: &str = "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true";
+/// Small heap and serial GC, with the JVM's full tiered compilation, as
+/// brokers run in production: slower to start, less CPU per request once
+/// warm.
+macro_rules! steady_jvm_opts {
+    () => {
+        "-Xms64m -Xmx512m -XX:+UseSerialGC -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true"
+    };
+}
+pub const STEADY_JVM_OPTS: &str = steady_jvm_opts!();
+/// The same with the C1 compiler only: three nodes plus the tests share two
+/// cores, and a node spends most of its start in the JIT.
+pub const DEFAULT_JVM_OPTS: &str = concat!(steady_jvm_opts!(), " -XX:TieredStopAtLevel=1");
 
 /// How the nodes' JVMs compile Kafka's code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -175,7 +175,8 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
         }
     });
     let observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
-    let reader = latency_reader::spawn(url, probes.clone(), stop.clone());
+    let reader_pool = db.native_postgres(1)?.context("the latency benchmark runs on PostgreSQL")?;
+    let reader = latency_reader::spawn(reader_pool, probes.clone(), stop.clone());
 
     // One event through before the clock starts: both groups have joined.
     let before = inbox::count(db, search::SUBSCRIPTION).await?;

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use herald_envelope::SOURCE_EXPORTS;
 use herald_projections::search;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
 use super::probes::Probes;
@@ -22,23 +21,18 @@ pub(super) const READ_EVERY: Duration = Duration::from_millis(2);
 /// Probes asked per look: the oldest outstanding ones.
 const KEYS_PER_LOOK: usize = 200;
 
-/// Starts the reader on `url` until `stop`; it returns how long each look took.
-pub(super) fn spawn(url: &str, probes: Probes, stop: CancellationToken) -> std::thread::JoinHandle<anyhow::Result<Vec<Duration>>> {
-    let url = url.to_owned();
+/// Starts the reader until `stop`; it returns how long each look took.
+/// `pool` (one connection, `Db::native_postgres`) opens its connection
+/// lazily, so on the reader's own runtime.
+pub(super) fn spawn(pool: PgPool, probes: Probes, stop: CancellationToken) -> std::thread::JoinHandle<anyhow::Result<Vec<Duration>>> {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         runtime.block_on(async move {
-            let pool = connect(&url).await?;
             let looks = read_visible(&pool, &probes, &stop).await;
             pool.close().await;
             looks
         })
     })
-}
-
-async fn connect(url: &str) -> anyhow::Result<PgPool> {
-    let options: PgConnectOptions = url.parse()?;
-    Ok(PgPoolOptions::new().max_connections(1).connect_with(options).await?)
 }
 
 /// Every [`READ_EVERY`], which of the oldest outstanding probes the search
@@ -80,6 +74,7 @@ async fn seen_among(pool: &PgPool, ids: &[String]) -> anyhow::Result<Vec<String>
 
 #[cfg(test)]
 mod tests {
+    use anyhow::Context as _;
     use herald_store::Db;
 
     use super::*;
@@ -100,7 +95,7 @@ mod tests {
                  SELECT '{subscription}', '{SOURCE_EXPORTS}', 'e-' || i, 't', 't', 0, i, 0 FROM generate_series(1, {rows}) AS i"
             )
         };
-        let pool = connect(&test_db.url).await?;
+        let pool = db.native_postgres(1)?.context("a PostgreSQL database")?;
         // Analyzed while another subscription's rows were all there was.
         sqlx::query(&insert("stats", 5)).execute(&pool).await?;
         sqlx::query("ANALYZE inbox").execute(&pool).await?;
