@@ -225,11 +225,18 @@ impl Db {
     /// than its statement (BENCHMARKS.md, "Consume"); a connection that broke
     /// meanwhile fails the batch's first statement, which is retried.
     pub fn native_postgres(&self, connections: u32) -> Result<Option<PgPool>, StoreError> {
+        self.native_postgres_with(connections, &[])
+    }
+
+    /// [`Db::native_postgres`] whose sessions start with `settings`
+    /// (PostgreSQL run-time parameters, e.g. `plan_cache_mode`).
+    pub fn native_postgres_with(&self, connections: u32, settings: &[(&str, &str)]) -> Result<Option<PgPool>, StoreError> {
         match self.backend {
             Backend::Sqlite => Ok(None),
             Backend::Postgres => {
                 let options = PgConnectOptions::from_str(self.url.expose())
-                    .map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?;
+                    .map_err(|e| StoreError::Config(format!("database URL `{}`: {e}", self.url)))?
+                    .options(settings.iter().copied());
                 Ok(Some(PgPoolOptions::new().max_connections(connections).test_before_acquire(false).connect_lazy_with(options)))
             }
         }

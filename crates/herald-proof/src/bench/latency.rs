@@ -54,10 +54,12 @@ pub struct LatencyBenchArgs {
     pub in_flight: u64,
     /// Seconds of load at the highest rate offered (through the pipeline,
     /// then the raw client, as a measured load), run and discarded before
-    /// the measured loads. Brokers just started answer their first
-    /// minute slower (the JVM still compiling their hot paths): the first
-    /// load on a fresh cluster was the run's outlier. Default: 20 when the
-    /// benchmark starts its own cluster, 0 with `--kafka`.
+    /// the measured loads. Brokers just started spend their first two
+    /// minutes under load compiling their hot paths (the three JVMs' C2
+    /// threads took 54 s of CPU in the first 116 s, then 0.05 of a core):
+    /// a load measured then measures the JIT. Default: 60 (two minutes with
+    /// the raw client's) when the benchmark starts its own cluster, 0 with
+    /// `--kafka`.
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=3600))]
     pub warm_up: Option<u64>,
     /// Lanes of the search subscription (`SubscriptionOptions::lanes`).
@@ -83,7 +85,7 @@ pub struct LatencyBenchArgs {
 const TARGETS_MS: [(u32, f64); 2] = [(1000, 50.0), (10_000, 250.0)];
 const PROBES_PER_SEC: u32 = 200;
 const TICK: Duration = Duration::from_millis(10);
-const DEFAULT_WARM_UP_SECONDS: u64 = 20;
+const DEFAULT_WARM_UP_SECONDS: u64 = 60;
 
 /// The figures of one offered load.
 struct Load {
@@ -175,7 +177,7 @@ async fn one_load(db: &Db, url: &str, kafka: &KafkaConfig, args: &LatencyBenchAr
         }
     });
     let observer = Observer::start(kafka, &topics.events, &probes, &stop)?;
-    let reader_pool = db.native_postgres(1)?.context("the latency benchmark runs on PostgreSQL")?;
+    let reader_pool = latency_reader::pool(db)?;
     let reader = latency_reader::spawn(reader_pool, probes.clone(), stop.clone());
 
     // One event through before the clock starts: both groups have joined.

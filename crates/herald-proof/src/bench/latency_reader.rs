@@ -21,9 +21,16 @@ pub(super) const READ_EVERY: Duration = Duration::from_millis(2);
 /// Probes asked per look: the oldest outstanding ones.
 const KEYS_PER_LOOK: usize = 200;
 
+/// The reader's one connection, opened lazily (so on the reader's own
+/// runtime), planning [`LOOK`] once: PostgreSQL otherwise planned it again
+/// on every look (10,425 plans in 20 s at 1,000 events/s, three times the
+/// looks' own time), CPU the pipeline it measures shares.
+pub(super) fn pool(db: &herald_store::Db) -> anyhow::Result<PgPool> {
+    use anyhow::Context as _;
+    db.native_postgres_with(1, &[("plan_cache_mode", "force_generic_plan")])?.context("the latency benchmark runs on PostgreSQL")
+}
+
 /// Starts the reader until `stop`; it returns how long each look took.
-/// `pool` (one connection, `Db::native_postgres`) opens its connection
-/// lazily, so on the reader's own runtime.
 pub(super) fn spawn(pool: PgPool, probes: Probes, stop: CancellationToken) -> std::thread::JoinHandle<anyhow::Result<Vec<Duration>>> {
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -74,7 +81,6 @@ async fn seen_among(pool: &PgPool, ids: &[String]) -> anyhow::Result<Vec<String>
 
 #[cfg(test)]
 mod tests {
-    use anyhow::Context as _;
     use herald_store::Db;
 
     use super::*;
@@ -95,12 +101,11 @@ mod tests {
                  SELECT '{subscription}', '{SOURCE_EXPORTS}', 'e-' || i, 't', 't', 0, i, 0 FROM generate_series(1, {rows}) AS i"
             )
         };
-        let pool = db.native_postgres(1)?.context("a PostgreSQL database")?;
+        let pool = pool(&db)?;
         // Analyzed while another subscription's rows were all there was.
         sqlx::query(&insert("stats", 5)).execute(&pool).await?;
         sqlx::query("ANALYZE inbox").execute(&pool).await?;
         sqlx::query(&insert(search::SUBSCRIPTION, 20_000)).execute(&pool).await?;
-        sqlx::query("SET plan_cache_mode = force_generic_plan").execute(&pool).await?;
         let asked: Vec<String> = ["e-7", "e-19999", "absent"].map(String::from).to_vec();
         let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {LOOK}"))
             .bind(search::SUBSCRIPTION)
