@@ -23,7 +23,7 @@ pub mod prune;
 pub mod schema;
 pub mod start_positions;
 
-pub use db::{Backend, Db, now_ms};
+pub use db::{Backend, Db, PLAN_ONCE, now_ms};
 pub use error::StoreError;
 
 /// Re-exported so adapters in other crates name one transaction type.

@@ -9,8 +9,10 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use herald_envelope::SOURCE_EXPORTS;
 use herald_projections::search;
+use herald_store::{Db, PLAN_ONCE};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
@@ -25,9 +27,8 @@ const KEYS_PER_LOOK: usize = 200;
 /// runtime), planning [`LOOK`] once: PostgreSQL otherwise planned it again
 /// on every look (10,425 plans in 20 s at 1,000 events/s, three times the
 /// looks' own time), CPU the pipeline it measures shares.
-pub(super) fn pool(db: &herald_store::Db) -> anyhow::Result<PgPool> {
-    use anyhow::Context as _;
-    db.native_postgres_with(1, &[("plan_cache_mode", "force_generic_plan")])?.context("the latency benchmark runs on PostgreSQL")
+pub(super) fn pool(db: &Db) -> anyhow::Result<PgPool> {
+    db.native_postgres_with(1, &[PLAN_ONCE])?.context("the latency benchmark runs on PostgreSQL")
 }
 
 /// Starts the reader until `stop`; it returns how long each look took.
@@ -81,7 +82,6 @@ async fn seen_among(pool: &PgPool, ids: &[String]) -> anyhow::Result<Vec<String>
 
 #[cfg(test)]
 mod tests {
-    use herald_store::Db;
 
     use super::*;
 
@@ -102,6 +102,9 @@ mod tests {
             )
         };
         let pool = pool(&db)?;
+        // The plan below is the one every look keeps only with this setting.
+        let mode: String = sqlx::query_scalar("SHOW plan_cache_mode").fetch_one(&pool).await?;
+        assert_eq!(mode, PLAN_ONCE.1, "the reader's connection plans its look once");
         // Analyzed while another subscription's rows were all there was.
         sqlx::query(&insert("stats", 5)).execute(&pool).await?;
         sqlx::query("ANALYZE inbox").execute(&pool).await?;
