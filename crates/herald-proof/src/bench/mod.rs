@@ -16,6 +16,7 @@
 
 mod broker;
 pub mod consume;
+mod cpu;
 mod latency;
 mod latency_observer;
 mod latency_parts;

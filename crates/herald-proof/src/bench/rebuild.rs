@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::broker::BenchBroker;
 use super::consume::{raw_consume, raw_insert, timed_search_subscription};
+use super::cpu::{CpuMark, CpuUse};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
 
@@ -64,9 +65,13 @@ struct Figures {
     publish_eps: f64,
     live_consume_eps: f64,
     rebuild_eps: f64,
+    /// CPU of the replay phase, the whole machine's and this process's.
+    rebuild_cpu: Option<CpuUse>,
     rebuild_total_secs: f64,
     raw_insert_eps: f64,
     raw_consume_eps: f64,
+    /// CPU of the raw consume: what receiving the records costs before any decoding or writing.
+    raw_consume_cpu: Option<CpuUse>,
     /// Where the records were: the mock cluster or a bootstrap list.
     broker: String,
 }
@@ -113,14 +118,16 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let publish_eps = n as f64 / started.elapsed().as_secs_f64();
     eprintln!("published {n} events ({publish_eps:.0}/s)");
 
+    let mark = CpuMark::now();
     let raw_consume_eps = raw_consume(&kafka, &topics.events, n).await?;
+    let raw_consume_cpu = mark.and_then(|m| m.used());
     eprintln!("raw consume: {raw_consume_eps:.0}/s");
 
     let group_prefix = format!("bench-{run}");
     let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n).await?;
     eprintln!("live search subscription: {live_consume_eps:.0}/s");
 
-    let (rebuild_eps, rebuild_total_secs) = replay(&db, &kafka, &topics.events, args).await?;
+    let (rebuild_eps, rebuild_cpu, rebuild_total_secs) = replay(&db, &kafka, &topics.events, args).await?;
     eprintln!("rebuild replay: {rebuild_eps:.0}/s");
 
     let mut raw_secs = 0.0;
@@ -134,7 +141,17 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     db.close().await;
     let described = broker.describe();
     broker.finish().await?;
-    Ok(Figures { publish_eps, live_consume_eps, rebuild_eps, rebuild_total_secs, raw_insert_eps, raw_consume_eps, broker: described })
+    Ok(Figures {
+        publish_eps,
+        live_consume_eps,
+        rebuild_eps,
+        rebuild_cpu,
+        rebuild_total_secs,
+        raw_insert_eps,
+        raw_consume_eps,
+        raw_consume_cpu,
+        broker: described,
+    })
 }
 
 /// The live search subscription (defaults: batches of 1000, 2 lanes) until
@@ -154,14 +171,18 @@ struct Clock {
     replay_started: Option<Instant>,
     replay_ended: Option<Instant>,
     replayed: u64,
+    cpu_from: Option<CpuMark>,
+    cpu: Option<CpuUse>,
 }
 
 impl Progress for Clock {
     fn phase(&mut self, message: &str) {
         if message.contains("replaying") {
             self.replay_started = Some(Instant::now());
+            self.cpu_from = CpuMark::now();
         } else if self.replay_started.is_some() && self.replay_ended.is_none() {
             self.replay_ended = Some(Instant::now());
+            self.cpu = self.cpu_from.and_then(|m| m.used());
         }
     }
 
@@ -170,7 +191,8 @@ impl Progress for Clock {
     }
 }
 
-async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, f64)> {
+/// The replay phase's events/s and CPU, and the whole rebuild's seconds.
+async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, Option<CpuUse>, f64)> {
     let options = RebuildOptions {
         kafka: kafka.clone(),
         topic: topic.to_owned(),
@@ -184,7 +206,7 @@ async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchAr
     let total = started.elapsed().as_secs_f64();
     anyhow::ensure!(report.switched && report.documents == Some(i64::from(args.events)), "rebuild did not end as expected: {report:?}");
     let (Some(t0), Some(t1)) = (clock.replay_started, clock.replay_ended) else { anyhow::bail!("replay phase not seen") };
-    Ok((clock.replayed as f64 / (t1 - t0).as_secs_f64(), total))
+    Ok((clock.replayed as f64 / (t1 - t0).as_secs_f64(), clock.cpu, total))
 }
 
 impl Figures {
@@ -202,6 +224,8 @@ impl Figures {
             "rebuild_vs_raw_insert": round2(self.rebuild_eps / self.raw_insert_eps),
             "target_eps": TARGET_EPS,
             "meets_target": self.rebuild_eps >= TARGET_EPS,
+            "rebuild_cpu": self.rebuild_cpu.map(|c| c.to_json(u64::from(args.events))),
+            "raw_consume_cpu": self.raw_consume_cpu.map(|c| c.to_json(u64::from(args.events))),
         })
     }
 
@@ -222,6 +246,18 @@ impl Figures {
             self.rebuild_total_secs,
             self.publish_eps
         );
+        let events = u64::from(args.events);
+        for (name, cpu) in [("raw consume", self.raw_consume_cpu), ("replay", self.rebuild_cpu)] {
+            let Some(cpu) = cpu else { continue };
+            println!(
+                "  {name}: {:.2} of {} cores busy, {:.2} µs of CPU per event ({:.2} in this process with the mock cluster, {:.2} in others: PostgreSQL)",
+                cpu.machine_cores,
+                cpu.cpus,
+                cpu.us_per_event(events),
+                cpu.process_us_per_event(events),
+                cpu.us_per_event(events) - cpu.process_us_per_event(events)
+            );
+        }
     }
 }
 

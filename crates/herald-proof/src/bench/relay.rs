@@ -24,6 +24,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::json;
 
 use super::broker::BenchBroker;
+use super::cpu::{CpuMark, CpuUse};
 use super::memory::{self, Memory};
 use crate::scratch::ScratchDb;
 use herald_secret::SecretUrl;
@@ -141,6 +142,8 @@ pub(crate) struct Run {
     /// Herald's relay only: share of its slices' time spent reading,
     /// awaiting the broker and recording progress.
     split: Option<[f64; 3]>,
+    /// CPU from the first send to the last ack (raw producer and Herald's relay).
+    cpu: Option<CpuUse>,
 }
 
 impl Run {
@@ -151,7 +154,7 @@ impl Run {
 
 async fn raw_producer(kafka: &KafkaConfig, topic: &str, events: &[OutboxEvent]) -> anyhow::Result<Run> {
     let producer: FutureProducer = herald_relay::producer_config(kafka).create()?;
-    let started = Instant::now();
+    let (started, mark) = (Instant::now(), CpuMark::now());
     let mut deliveries = Vec::with_capacity(events.len());
     for event in events {
         // The relay's own encoding, so both sides pay the same for headers.
@@ -162,7 +165,8 @@ async fn raw_producer(kafka: &KafkaConfig, topic: &str, events: &[OutboxEvent]) 
     for delivery in deliveries {
         delivery.await.context("delivery report dropped")?.map_err(|(e, _)| e)?;
     }
-    Ok(Run { events: events.len() as u64, secs: started.elapsed().as_secs_f64(), split: None })
+    let cpu = mark.and_then(|m| m.used());
+    Ok(Run { events: events.len() as u64, secs: started.elapsed().as_secs_f64(), split: None, cpu })
 }
 
 /// Select one row, publish it, await the ack, mark it, repeat. Its producer
@@ -211,7 +215,7 @@ async fn naive_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent]) -> an
         sent += 1;
     }
     anyhow::ensure!(sent == events.len() as u64, "naive relay moved {sent} of {} rows", events.len());
-    Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None })
+    Ok(Run { events: sent, secs: started.elapsed().as_secs_f64(), split: None, cpu: None })
 }
 
 async fn herald_relay(db: &Db, kafka: &KafkaConfig, events: &[OutboxEvent], config: RelayConfig) -> anyhow::Result<Run> {
@@ -232,7 +236,7 @@ async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, config: RelayConfig
     let relay = Relay::new(db.clone(), kafka, RelayConfig { owner: "bench".to_owned(), ..config })?;
     let stats = relay.counters();
     let shutdown = CancellationToken::new();
-    let started = Instant::now();
+    let (started, mark) = (Instant::now(), CpuMark::now());
     let task = {
         let shutdown = shutdown.clone();
         tokio::spawn(async move { relay.run(shutdown).await })
@@ -242,12 +246,12 @@ async fn drain_with(db: &Db, kafka: &KafkaConfig, want: u64, config: RelayConfig
         anyhow::ensure!(Instant::now() < deadline, "relay delivered {} of {want}", RelayCounters::get(&stats.delivered));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let secs = started.elapsed().as_secs_f64();
+    let (secs, cpu) = (started.elapsed().as_secs_f64(), mark.and_then(|m| m.used()));
     shutdown.cancel();
     task.await?;
     let phases = [&stats.read_us, &stats.publish_us, &stats.record_us].map(|c| RelayCounters::get(c) as f64);
     let total: f64 = phases.iter().sum::<f64>().max(1.0);
-    Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)) })
+    Ok(Run { events: want, secs, split: Some(phases.map(|p| p / total)), cpu })
 }
 
 /// A backlog of `n` rows drained by a `herald relay` process of its own,
@@ -295,6 +299,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
             "memory_events": args.memory_events,
             "relay_peak_rss_mb": memory.map(|m| (m.peak_mb * 10.0).round() / 10.0),
             "relay_memory": memory.map(Memory::to_json),
+            "raw_cpu": raw.cpu.map(|c| c.to_json(raw.events)),
+            "relay_cpu": herald.cpu.map(|c| c.to_json(herald.events)),
+            "relay_vs_raw_cpu_bound": cpu_bound(raw, herald).map(|r| (r * 100.0).round() / 100.0),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
@@ -319,11 +326,36 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
             w * 100.0
         );
     }
+    for (name, run) in [("raw producer", raw), ("Herald relay", herald)] {
+        if let Some(cpu) = run.cpu {
+            println!(
+                "{name}: {:.2} of {} cores busy, {:.2} µs of CPU per event ({:.2} in this process, {:.2} in others: PostgreSQL, brokers not in-process)",
+                cpu.machine_cores,
+                cpu.cpus,
+                cpu.us_per_event(run.events),
+                cpu.process_us_per_event(run.events),
+                cpu.us_per_event(run.events) - cpu.process_us_per_event(run.events)
+            );
+        }
+    }
+    if let Some(bound) = cpu_bound(raw, herald) {
+        println!("at its CPU per event with every core busy, Herald's relay could reach at most {bound:.2} × the raw producer here");
+    }
     if let Some(memory) = memory {
         println!("{}", memory.line(&format!("herald relay draining {} rows", args.memory_events)));
     }
     Ok(())
 }
+/// The most Herald's relay could reach over the raw producer's measured
+/// rate if it kept every core busy at the CPU per event it used: all cores
+/// divided by that cost, over raw's rate. A relay below this bound waited on
+/// something; at it, only less CPU per event moves it.
+fn cpu_bound(raw: Run, herald: Run) -> Option<f64> {
+    let cpu = herald.cpu?;
+    let most_eps = cpu.cpus as f64 * 1e6 / cpu.us_per_event(herald.events).max(f64::MIN_POSITIVE);
+    Some(most_eps / raw.eps())
+}
+
 /// A migrated scratch database of the PostgreSQL server `server`.
 async fn scratch_db(server: &SecretUrl) -> anyhow::Result<(ScratchDb, Db)> {
     let scratch = ScratchDb::create(server, "herald_bench").await?;
