@@ -5,7 +5,10 @@
 #
 #   pg_scratch NAME   creates NAME (after dropping a leftover one), builds
 #                     herald, migrates NAME and sets SCRATCH to its URL;
-#   pg_scratch_drop   drops it again (call it from the script's EXIT trap).
+#   pg_scratch_drop   drops it again (call it from the script's EXIT trap);
+#   timed LABEL CMD…  runs CMD, then prints LABEL (if any), its wall time and
+#                     the busy CPU seconds of the whole machine meanwhile
+#                     (/proc/stat: user nice system irq softirq steal).
 : "${HERALD_DATABASE_URL:?set HERALD_DATABASE_URL to a PostgreSQL server (postgres://user@host:port/db)}"
 export PGOPTIONS="${PGOPTIONS:-} -c client_min_messages=warning"
 
@@ -22,4 +25,16 @@ pg_scratch_drop() {
   if [ -n "${PG_SCRATCH_NAME:-}" ]; then
     psql -X -q "$HERALD_DATABASE_URL" -c "DROP DATABASE IF EXISTS $PG_SCRATCH_NAME" >/dev/null 2>&1 || true
   fi
+}
+
+busy_cpu_seconds() { awk -v hz="$(getconf CLK_TCK)" '/^cpu / { printf "%.2f", ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat; }
+
+timed() {
+  local label=$1 started cpu
+  shift
+  started=$(date +%s%N)
+  cpu=$(busy_cpu_seconds)
+  "$@"
+  awk -v label="$label" -v ms="$(( ($(date +%s%N) - started) / 1000000 ))" -v a="$(busy_cpu_seconds)" -v b="$cpu" \
+    'BEGIN { if (label != "") print label; printf "          %d ms, machine CPU %.2f s\n", ms, a - b }'
 }
