@@ -66,6 +66,19 @@ impl CpuUse {
         self.process_cores * self.secs * 1e6 / events.max(1) as f64
     }
 
+    /// One line for a table: cores busy, and the CPU per event split into
+    /// this process's (`own`: what runs in it, e.g. the mock cluster) and
+    /// the other processes' (`others`: PostgreSQL, brokers not in-process).
+    pub(crate) fn line(&self, name: &str, events: u64, own: &str, others: &str) -> String {
+        let (all, mine) = (self.us_per_event(events), self.process_us_per_event(events));
+        format!(
+            "{name}: {:.2} of {} cores busy, {all:.2} µs of CPU per event ({mine:.2} in {own}, {:.2} in {others})",
+            self.machine_cores,
+            self.cpus,
+            all - mine
+        )
+    }
+
     pub(crate) fn to_json(self, events: u64) -> Value {
         let round = |x: f64| (x * 100.0).round() / 100.0;
         json!({
@@ -107,6 +120,15 @@ mod tests {
     fn a_command_name_with_spaces_and_parentheses_does_not_shift_the_fields() {
         let stat = "4242 (tokio (rt) worker) S 1 4242 4242 0 -1 4194304 10 0 0 0 77 23 0 0 20 0 9 0 100 0 0";
         assert_eq!(process_ticks(stat), Some(100));
+    }
+
+    #[test]
+    fn a_line_splits_the_cost_between_this_process_and_the_others() {
+        let used = CpuUse { machine_cores: 1.5, process_cores: 1.0, cpus: 2, secs: 2.0 };
+        assert_eq!(
+            used.line("relay", 1_000_000, "here", "there"),
+            "relay: 1.50 of 2 cores busy, 3.00 µs of CPU per event (2.00 in here, 1.00 in there)"
+        );
     }
 
     #[test]

@@ -249,14 +249,7 @@ impl Figures {
         let events = u64::from(args.events);
         for (name, cpu) in [("raw consume", self.raw_consume_cpu), ("replay", self.rebuild_cpu)] {
             let Some(cpu) = cpu else { continue };
-            println!(
-                "  {name}: {:.2} of {} cores busy, {:.2} µs of CPU per event ({:.2} in this process with the mock cluster, {:.2} in others: PostgreSQL)",
-                cpu.machine_cores,
-                cpu.cpus,
-                cpu.us_per_event(events),
-                cpu.process_us_per_event(events),
-                cpu.us_per_event(events) - cpu.process_us_per_event(events)
-            );
+            println!("  {}", cpu.line(name, events, "this process with the mock cluster", "others: PostgreSQL"));
         }
     }
 }

@@ -328,14 +328,7 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
     }
     for (name, run) in [("raw producer", raw), ("Herald relay", herald)] {
         if let Some(cpu) = run.cpu {
-            println!(
-                "{name}: {:.2} of {} cores busy, {:.2} µs of CPU per event ({:.2} in this process, {:.2} in others: PostgreSQL, brokers not in-process)",
-                cpu.machine_cores,
-                cpu.cpus,
-                cpu.us_per_event(run.events),
-                cpu.process_us_per_event(run.events),
-                cpu.us_per_event(run.events) - cpu.process_us_per_event(run.events)
-            );
+            println!("{}", cpu.line(name, run.events, "this process", "others: PostgreSQL, brokers not in-process"));
         }
     }
     if let Some(bound) = cpu_bound(raw, herald) {
