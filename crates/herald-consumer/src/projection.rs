@@ -75,6 +75,36 @@ pub trait Projection: Send + Sync + 'static {
         async { Err(HandlerError::Reject(format!("projection {} has no PostgreSQL fast path", Self::NAME))) }
     }
 
+    /// A replay's write on PostgreSQL into the generation it is loading
+    /// (after [`Projection::prepare_load`]); by default
+    /// [`Projection::write_pg`]. Search writes a table of the generation's
+    /// own that has only its primary key until [`Projection::seal_load`].
+    fn load_pg(
+        &self,
+        tx: &mut PgConnection,
+        generation: i64,
+        facts: &[&Self::Fact],
+        path: WritePath,
+    ) -> impl Future<Output = Result<(), HandlerError>> + Send {
+        self.write_pg(tx, generation, facts, path)
+    }
+
+    /// Before a replay writes `generation`: makes ready where
+    /// [`Projection::load_pg`] writes. Runs again when a replay resumes.
+    fn prepare_load(&self, db: &Db, generation: i64) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (db, generation);
+        async { Ok(()) }
+    }
+
+    /// After the replay reached the boundary and before the generation is
+    /// verified: makes what it loaded readable with what live traffic wrote
+    /// into the generation meanwhile. Runs again when a rebuild that stopped
+    /// after the replay resumes, so a second run must change nothing.
+    fn seal_load(&self, db: &Db, generation: i64) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = (db, generation);
+        async { Ok(()) }
+    }
+
     /// What `generation` holds, read in `tx` (a snapshot shared with the
     /// generation it is compared with).
     fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> impl Future<Output = Result<Fingerprint, StoreError>> + Send;

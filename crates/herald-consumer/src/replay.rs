@@ -3,12 +3,13 @@
 //! No consumer group: positions live in the database, committed with what
 //! they produced.
 //!
-//! Shape: one reader thread receives records and decodes them (CloudEvents,
-//! Avro, the projection's fact — the CPU work) and hands batches to two
-//! lanes; each lane owns a fixed set of partitions and applies its batches
-//! one transaction each ([`crate::replay_write`]), so decoding and both
-//! lanes' database work overlap. A lane's partitions are its alone, so
-//! positions never go backwards and no two lanes touch the same key.
+//! Shape: two lanes, each owning a fixed set of partitions with a reader
+//! thread and consumer of its own that receives records and decodes them
+//! (CloudEvents, Avro, the projection's fact — the CPU work) and hands
+//! batches to the lane, which applies them one transaction each
+//! ([`crate::replay_write`]); so both readers' decoding and both lanes'
+//! database work overlap. A lane's partitions are its alone, so positions
+//! never go backwards and no two lanes touch the same key.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -93,15 +94,24 @@ pub async fn replay<P: Projection>(
     if open.is_empty() {
         return Ok(progress);
     }
+    projection.prepare_load(db, generation).await?;
     let writer = Writer::open(db, projection, generation, &dedup_scope::<P>(generation), topic).await?;
-    let lane_of: BTreeMap<i32, usize> = open.keys().enumerate().map(|(i, p)| (*p, i % LANES)).collect();
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..LANES).map(|_| mpsc::channel::<Vec<Replayed<P::Fact>>>(2)).unzip();
+    // Each lane its own partitions, reader thread and consumer: receiving
+    // and decoding, the replay's CPU work, run on as many cores as lanes.
+    let mut shares: Vec<BTreeMap<i32, Position>> = (0..LANES).map(|_| BTreeMap::new()).collect();
+    for (i, (partition, position)) in open.into_iter().enumerate() {
+        shares[i % LANES].insert(partition, position);
+    }
+    shares.retain(|share| !share.is_empty());
+    let (senders, receivers): (Vec<_>, Vec<_>) = shares.iter().map(|_| mpsc::channel::<Vec<Replayed<P::Fact>>>(2)).unzip();
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(u64, u64)>();
-    let consumer = reader(kafka, topic, &open)?;
-    let reading = {
+    let mut readers = Vec::with_capacity(shares.len());
+    for (share, sender) in shares.into_iter().zip(senders) {
+        let consumer = reader(kafka, topic, &share)?;
         let (shutdown, registry) = (shutdown.clone(), registry.clone());
-        tokio::task::spawn_blocking(move || read_all::<P>(&consumer, open, &lane_of, senders, batch_size.max(1), &registry, &shutdown))
-    };
+        readers
+            .push(tokio::task::spawn_blocking(move || read_lane::<P>(&consumer, share, &sender, batch_size.max(1), &registry, &shutdown)));
+    }
     let writer = &writer;
     let lanes = futures::future::try_join_all(receivers.into_iter().map(|mut rx| {
         let done_tx = done_tx.clone();
@@ -125,7 +135,12 @@ pub async fn replay<P: Projection>(
         }
         Ok::<(), ReplayError>(())
     };
-    let read = async { reading.await.map_err(|e| ReplayError::Internal(format!("replay reader: {e}")))? };
+    let read = async {
+        for reading in readers {
+            reading.await.map_err(|e| ReplayError::Internal(format!("replay reader: {e}")))??;
+        }
+        Ok::<(), ReplayError>(())
+    };
     let outcome = tokio::try_join!(lanes, report, read);
     writer.close().await;
     outcome?;
@@ -170,38 +185,33 @@ fn reader(kafka: &KafkaConfig, topic: &str, open: &BTreeMap<i32, Position>) -> R
     Ok(consumer)
 }
 
-/// The reader thread: receives and decodes batches until every partition
-/// reached its boundary, the lanes stopped, or `shutdown`.
-fn read_all<P: Projection>(
+/// A lane's reader thread: receives and decodes batches of its partitions
+/// until each reached its boundary, the lane stopped, or `shutdown`.
+fn read_lane<P: Projection>(
     consumer: &BaseConsumer,
     mut open: BTreeMap<i32, Position>,
-    lane_of: &BTreeMap<i32, usize>,
-    lanes: Vec<mpsc::Sender<Vec<Replayed<P::Fact>>>>,
+    lane: &mpsc::Sender<Vec<Replayed<P::Fact>>>,
     size: usize,
     registry: &Registry,
     shutdown: &CancellationToken,
 ) -> Result<(), ReplayError> {
     while !open.is_empty() && !shutdown.is_cancelled() {
-        let mut batches: Vec<Vec<Replayed<P::Fact>>> = (0..lanes.len()).map(|_| Vec::new()).collect();
-        let mut read = 0;
-        while read < size && !open.is_empty() {
-            let wait = Duration::from_millis(if read == 0 { 200 } else { 10 });
+        let mut batch = Vec::new();
+        while batch.len() < size && !open.is_empty() {
+            let wait = Duration::from_millis(if batch.is_empty() { 200 } else { 10 });
             let Some(msg) = consumer.poll(wait) else {
-                if read == 0 && !shutdown.is_cancelled() {
+                if batch.is_empty() && !shutdown.is_cancelled() {
                     continue;
                 }
                 break;
             };
             if let Some(record) = take::<P>(&msg?, &mut open, registry) {
-                batches[lane_of[&record.partition]].push(record);
-                read += 1;
+                batch.push(record);
             }
         }
-        for (lane, batch) in lanes.iter().zip(batches) {
-            if !batch.is_empty() && lane.blocking_send(batch).is_err() {
-                // A lane failed; its error is what the replay reports.
-                return Ok(());
-            }
+        if !batch.is_empty() && lane.blocking_send(batch).is_err() {
+            // The lane failed; its error is what the replay reports.
+            return Ok(());
         }
     }
     Ok(())

@@ -136,7 +136,7 @@ impl<'p, P: Projection> Writer<'p, P> {
             first_seen(items, |key| admitted.admits(key))
         };
         if !facts.is_empty() {
-            self.projection.write_pg(&mut tx, self.generation, &facts, path).await?;
+            self.projection.load_pg(&mut tx, self.generation, &facts, path).await?;
         }
         generations::advance_pg(&mut tx, P::NAME, self.generation, next).await?;
         tx.commit().await?;

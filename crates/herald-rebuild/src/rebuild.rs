@@ -136,6 +136,10 @@ pub async fn rebuild<P: Projection>(
     if shutdown.is_cancelled() {
         return Ok(report);
     }
+    // Before the verification reads it: what the replay loaded becomes
+    // readable with what live traffic wrote meanwhile.
+    progress.phase(&format!("{} generation {generation}: indexing what was replayed", P::NAME));
+    projection.seal_load(db, generation).await?;
     progress.phase(&format!("{} generation {generation}: verifying", P::NAME));
     let rows = match verified(db, projection, &opened, previous_active).await? {
         Verified::Rows(rows) => rows,

@@ -15,6 +15,7 @@ use herald_store::{Backend, Db, StoreError, Tx};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
+mod load;
 mod verify;
 mod write;
 
@@ -50,11 +51,19 @@ impl Projection for Search {
     }
 
     async fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
-        let rows: Vec<DocumentRow> = newest_per_job(facts.iter().map(|f| (*f).clone())).iter().map(DocumentRow::from).collect();
-        match path {
-            WritePath::Plain => write::write_pg(tx, generation, &rows, false).await.map_err(HandlerError::from_plain_write),
-            WritePath::Upsert => write::write_pg(tx, generation, &rows, true).await.map_err(|e| HandlerError::from(StoreError::from(e))),
-        }
+        write_pg_rows(facts, path, |rows, upsert| async move { write::write_pg(tx, generation, &rows, upsert).await }).await
+    }
+
+    async fn load_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
+        write_pg_rows(facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
+    }
+
+    async fn prepare_load(&self, db: &Db, generation: i64) -> Result<(), StoreError> {
+        load::prepare(db, generation).await
+    }
+
+    async fn seal_load(&self, db: &Db, generation: i64) -> Result<(), StoreError> {
+        load::seal(db, generation).await
     }
 
     async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {
@@ -63,6 +72,20 @@ impl Projection for Search {
 
     async fn verify_source(&self, db: &Db, generation: i64, settled: &Settled) -> Result<Option<Vec<String>>, StoreError> {
         Ok(Some(verify::against_jobs(db, generation, settled).await?))
+    }
+}
+
+/// One document per job, written as `path` says by `write` (into
+/// `search_documents`, or a loading generation's own table).
+async fn write_pg_rows<W, F>(facts: &[&Fact], path: WritePath, write: W) -> Result<(), HandlerError>
+where
+    W: FnOnce(Vec<DocumentRow>, bool) -> F,
+    F: std::future::Future<Output = Result<(), sqlx::Error>>,
+{
+    let rows: Vec<DocumentRow> = newest_per_job(facts.iter().map(|f| (*f).clone())).iter().map(DocumentRow::from).collect();
+    match path {
+        WritePath::Plain => write(rows, false).await.map_err(HandlerError::from_plain_write),
+        WritePath::Upsert => write(rows, true).await.map_err(|e| HandlerError::from(StoreError::from(e))),
     }
 }
 

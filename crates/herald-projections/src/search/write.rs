@@ -9,6 +9,9 @@ use sqlx::PgConnection;
 
 use super::{DocumentRow, Fact};
 
+/// Where reads find every generation's documents.
+pub(super) const TABLE: &str = "search_documents";
+
 /// Writes `facts` (at most one per job) into `generation`.
 pub(super) async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[Fact]) -> Result<(), StoreError> {
     let rows: Vec<DocumentRow> = facts.iter().map(DocumentRow::from).collect();
@@ -40,7 +43,7 @@ pub async fn upsert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow])
 
 /// `upsert`: replace older versions instead of failing on an existing row.
 async fn insert_rows(tx: &mut Tx<'_>, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    let guard = if upsert { GUARD } else { "" };
+    let guard = if upsert { guard(TABLE) } else { String::new() };
     // Few distinct statement sizes keep PostgreSQL's prepared-statement cache warm.
     for chunk in herald_store::outbox::statement_chunks(rows) {
         let values: Vec<String> = (0..chunk.len()).map(|i| format!("({})", herald_store::outbox::placeholders(i * 10 + 1, 10))).collect();
@@ -84,29 +87,38 @@ pub async fn prune_tombstones(db: &herald_store::Db, before_ms: i64, limit: i64)
     Ok(herald_store::prune::Batch::limited(done.rows_affected(), limit))
 }
 
-const GUARD: &str = " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, format = excluded.format, \
-     query = excluded.query, result_id = excluded.result_id, size_bytes = excluded.size_bytes, \
-     completed_at_ms = excluded.completed_at_ms, version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
-     WHERE search_documents.version < excluded.version";
+/// The version guard of an insert into `table`: a row already there is
+/// replaced only by a newer business version.
+pub(super) fn guard(table: &str) -> String {
+    format!(
+        " ON CONFLICT (generation, job_id) DO UPDATE SET caller = excluded.caller, format = excluded.format, \
+         query = excluded.query, result_id = excluded.result_id, size_bytes = excluded.size_bytes, \
+         completed_at_ms = excluded.completed_at_ms, version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
+         WHERE {table}.version < excluded.version"
+    )
+}
 
 /// [`upsert_rows`] on a native PostgreSQL connection, in one statement:
 /// `upsert` false inserts plainly and fails on a job already there (the
 /// caller starts over with `upsert`), true applies the version guard.
 pub(super) async fn write_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    let tail = if upsert { guard(TABLE) } else { String::new() };
+    insert_unnest(tx, &format!("INSERT INTO search_documents {UNNEST_ROWS}{tail}"), generation, rows).await
+}
+
+/// The columns and rows of an array-bound insert: `$1` the generation, the
+/// others one array per column ([`insert_unnest`] binds them).
+pub(super) const UNNEST_ROWS: &str = "(generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, \
+     version, deleted_at_ms) \
+     SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[], \
+     $9::int8[], $10::int8[])";
+
+/// Runs `sql`, an insert of [`UNNEST_ROWS`], with `rows` bound as arrays.
+pub(super) async fn insert_unnest(tx: &mut PgConnection, sql: &str, generation: i64, rows: &[DocumentRow]) -> Result<(), sqlx::Error> {
     if rows.is_empty() {
         return Ok(());
     }
-    insert_pg(tx, generation, rows, if upsert { GUARD } else { "" }).await
-}
-
-async fn insert_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], tail: &str) -> Result<(), sqlx::Error> {
-    let sql = format!(
-        "INSERT INTO search_documents (generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, \
-         version, deleted_at_ms) \
-         SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[], \
-         $9::int8[], $10::int8[]){tail}"
-    );
-    sqlx::query(&sql)
+    sqlx::query(sql)
         .bind(generation)
         .bind(rows.iter().map(|r| r.job_id.as_str()).collect::<Vec<_>>())
         .bind(rows.iter().map(|r| r.caller.as_str()).collect::<Vec<_>>())

@@ -164,8 +164,8 @@ async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &
     Ok(eps)
 }
 
-/// Times the replay phase of a real rebuild (between the "replaying" and the
-/// "waiting for live" phases).
+/// Times the replay phase of a real rebuild: from "replaying" to the phase
+/// after "indexing" (verifying), so the generation is readable at its end.
 #[derive(Default)]
 struct Clock {
     replay_started: Option<Instant>,
@@ -180,6 +180,9 @@ impl Progress for Clock {
         if message.contains("replaying") {
             self.replay_started = Some(Instant::now());
             self.cpu_from = CpuMark::now();
+        } else if message.contains("indexing") {
+            // The loaded generation is not readable before its indexes:
+            // their build counts as replay time.
         } else if self.replay_started.is_some() && self.replay_ended.is_none() {
             self.replay_ended = Some(Instant::now());
             self.cpu = self.cpu_from.and_then(|m| m.used());

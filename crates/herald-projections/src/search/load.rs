@@ -1,0 +1,129 @@
+//! How a replay loads a search generation on PostgreSQL: into a table of its
+//! own (`search_documents_g<N>`) with its primary key only and a check that
+//! every row is of generation N; then, once the replay reached its boundary,
+//! the other indexes built once over the loaded rows, what live traffic
+//! wrote into the generation meanwhile (the default partition's rows of N)
+//! merged under the version guard, and the table attached as the
+//! generation's partition of `search_documents` (migration 0024). Building
+//! an index once over a million rows costs PostgreSQL about half of keeping
+//! it row by row (BENCHMARKS.md, "Rebuild").
+//!
+//! The check lets the attach skip its scan and the indexes match the
+//! parent's, so the attach takes them as they are: it holds its locks for
+//! milliseconds. SQLite keeps one table and none of this.
+
+use herald_store::{Backend, Db, StoreError};
+use sqlx::{PgConnection, Row};
+use tracing::info;
+
+use super::DocumentRow;
+use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
+
+/// The generation's own table: where its replay writes until the seal, and
+/// then its partition.
+pub(super) fn table(generation: i64) -> String {
+    format!("{TABLE}_g{generation}")
+}
+
+/// SQLSTATE of an attach whose values another partition already holds.
+const OVERLAPS: &str = "42P17";
+
+/// The replay's write of `rows` into the generation's own table, plainly or
+/// (`upsert`) under the version guard.
+pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    let table = table(generation);
+    let tail = if upsert { guard(&table) } else { String::new() };
+    insert_unnest(tx, &format!("INSERT INTO {table} {UNNEST_ROWS}{tail}"), generation, rows).await
+}
+
+/// Creates the generation's own table unless it is there (loading, or
+/// already its partition). Autovacuum leaves it alone while it loads: the
+/// inserts alone would start it every few hundred thousand rows.
+pub(super) async fn prepare(db: &Db, generation: i64) -> Result<(), StoreError> {
+    if db.backend() != Backend::Postgres {
+        return Ok(());
+    }
+    let table = table(generation);
+    let sql = format!(
+        "CREATE TABLE IF NOT EXISTS {table} (LIKE {TABLE}, PRIMARY KEY (generation, job_id), \
+         CONSTRAINT {table}_generation CHECK (generation = {generation})) WITH (autovacuum_enabled = false)"
+    );
+    sqlx::query(&sql).execute(db.pool()).await?;
+    Ok(())
+}
+
+/// Builds the loaded table's indexes, merges live traffic's rows of the
+/// generation into it and attaches it. Nothing to do once attached.
+pub(super) async fn seal(db: &Db, generation: i64) -> Result<(), StoreError> {
+    if db.backend() != Backend::Postgres {
+        return Ok(());
+    }
+    prepare(db, generation).await?;
+    let table = table(generation);
+    if attached(db, &table).await? {
+        return Ok(());
+    }
+    build_indexes(db, &table).await?;
+    attach(db, &table, generation).await
+}
+
+async fn attached(db: &Db, table: &str) -> Result<bool, StoreError> {
+    let row = sqlx::query("SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)").bind(table).fetch_one(db.pool()).await?;
+    Ok(row.try_get("relispartition")?)
+}
+
+/// The parent's indexes under the table's own names, the trigram GIN on one
+/// connection and the two btrees on another: PostgreSQL builds each on one
+/// core. Plain builds: nothing else writes the table before it is attached.
+async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
+    let trigram = format!(
+        "CREATE INDEX IF NOT EXISTS {table}_query_trgm ON {table} USING gin (lower(query) gin_trgm_ops) \
+         WITH (gin_pending_list_limit = 512)"
+    );
+    let btrees = [
+        format!("CREATE INDEX IF NOT EXISTS {table}_by_caller ON {table} (generation, caller, completed_at_ms DESC)"),
+        format!("CREATE INDEX IF NOT EXISTS {table}_tombstones ON {table} (deleted_at_ms) WHERE deleted_at_ms IS NOT NULL"),
+    ];
+    let gin = async { sqlx::query(&trigram).execute(db.pool()).await.map(drop) };
+    let others = async {
+        for sql in &btrees {
+            sqlx::query(sql).execute(db.pool()).await?;
+        }
+        Ok(())
+    };
+    tokio::try_join!(gin, others)?;
+    Ok(())
+}
+
+/// One transaction: live traffic's rows of the generation leave the default
+/// partition (locked, so none arrive meanwhile) for the table under the
+/// version guard, and the table becomes the generation's partition. A
+/// generation opened before migration 0024 has its values in the old
+/// table's partition: its loaded rows are merged there instead.
+async fn attach(db: &Db, table: &str, generation: i64) -> Result<(), StoreError> {
+    let mut tx = db.begin().await?;
+    sqlx::query("LOCK TABLE search_documents_default IN ACCESS EXCLUSIVE MODE").execute(&mut *tx).await?;
+    let merge = format!(
+        "WITH moved AS (DELETE FROM search_documents_default WHERE generation = $1 RETURNING *) \
+         INSERT INTO {table} SELECT * FROM moved{}",
+        guard(table)
+    );
+    let moved = sqlx::query(&merge).bind(generation).execute(&mut *tx).await?.rows_affected();
+    // Vacuumed as any partition from now on, not while the replay loaded it.
+    sqlx::query(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)")).execute(&mut *tx).await?;
+    sqlx::query("SAVEPOINT search_attach").execute(&mut *tx).await?;
+    let attach = format!("ALTER TABLE {TABLE} ATTACH PARTITION {table} FOR VALUES IN ({generation})");
+    match sqlx::query(&attach).execute(&mut *tx).await {
+        Ok(_) => info!(generation, moved, "search generation attached as its partition"),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(OVERLAPS) => {
+            sqlx::query("ROLLBACK TO SAVEPOINT search_attach").execute(&mut *tx).await?;
+            let merged = format!("INSERT INTO search_documents SELECT * FROM {table}{}", guard(TABLE));
+            let rows = sqlx::query(&merged).execute(&mut *tx).await?.rows_affected();
+            sqlx::query(&format!("DROP TABLE {table}")).execute(&mut *tx).await?;
+            info!(generation, rows, "search generation older than its own partitions: loaded rows merged into its partition");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    tx.commit().await?;
+    Ok(())
+}
