@@ -4,9 +4,13 @@
 -- the other indexes once over the loaded rows (about twice as cheap for
 -- PostgreSQL as maintaining them row by row: BENCHMARKS.md, "Rebuild") and
 -- attach it as the generation's partition (herald-projections'
--- `search::generations`). Live traffic writes a generation being loaded
--- into the default partition; the attach merges those rows under the
--- version guard.
+-- `search::load`). Live traffic writes a generation being loaded into the
+-- default partition; the attach merges those rows under the version guard.
+--
+-- `projection_generations.storage` names the table holding a generation's
+-- rows once it has one, so live writes go there straight: routing each
+-- statement through the partitioned parent costs PostgreSQL 8-19 % more
+-- (BENCHMARKS.md, "Loaded, then indexed once"). Empty: write the parent.
 --
 -- The table as it was becomes the partition of the generations it holds
 -- now (a one-time scan to check them); an empty default partition takes
@@ -42,6 +46,9 @@ BEGIN
     CREATE INDEX search_documents_default_tombstones ON search_documents_default (deleted_at_ms)
         WHERE deleted_at_ms IS NOT NULL;
     ALTER TABLE search_documents ATTACH PARTITION search_documents_default DEFAULT;
+    ALTER TABLE projection_generations ADD COLUMN storage TEXT;
+    EXECUTE format('UPDATE projection_generations SET storage = %L WHERE projection = %L AND generation IN (%s)',
+        'search_documents_legacy', 'search', held);
 END
 $migration$;
 INSERT INTO schema_phases (version, phase, readers_from) VALUES (24, 'expand', 16);

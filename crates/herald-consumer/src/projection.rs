@@ -63,15 +63,19 @@ pub trait Projection: Send + Sync + 'static {
 
     /// The same as [`Projection::write`] on a native PostgreSQL connection,
     /// rows already there met as `path` says ([`WritePath::Plain`]: fail
-    /// with [`HandlerError::Conflict`]).
+    /// with [`HandlerError::Conflict`]). `storage`: the table holding the
+    /// generation's rows, as [`Projection::seal_load`] returned it (live
+    /// writes; a replay passes `None`). Check it is one of yours before
+    /// naming it in SQL.
     fn write_pg(
         &self,
         tx: &mut PgConnection,
         generation: i64,
+        storage: Option<&str>,
         facts: &[&Self::Fact],
         path: WritePath,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        let _ = (tx, generation, facts, path);
+        let _ = (tx, generation, storage, facts, path);
         async { Err(HandlerError::Reject(format!("projection {} has no PostgreSQL fast path", Self::NAME))) }
     }
 
@@ -86,7 +90,7 @@ pub trait Projection: Send + Sync + 'static {
         facts: &[&Self::Fact],
         path: WritePath,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        self.write_pg(tx, generation, facts, path)
+        self.write_pg(tx, generation, None, facts, path)
     }
 
     /// Before a replay writes `generation`: makes ready where
@@ -100,9 +104,11 @@ pub trait Projection: Send + Sync + 'static {
     /// verified: makes what it loaded readable with what live traffic wrote
     /// into the generation meanwhile. Runs again when a rebuild that stopped
     /// after the replay resumes, so a second run must change nothing.
-    fn seal_load(&self, db: &Db, generation: i64) -> impl Future<Output = Result<(), StoreError>> + Send {
+    /// `Some(table)`: the generation's rows are now in a table of their own,
+    /// which live writes are given as their `storage` from then on.
+    fn seal_load(&self, db: &Db, generation: i64) -> impl Future<Output = Result<Option<String>, StoreError>> + Send {
         let _ = (db, generation);
-        async { Ok(()) }
+        async { Ok(None) }
     }
 
     /// What `generation` holds, read in `tx` (a snapshot shared with the
@@ -170,7 +176,7 @@ impl<P: Projection> Handler for Live<P> {
         for generation in generations::live_pg(tx, P::NAME, &self.topic).await.map_err(StoreError::from)? {
             let owned = owned_by(&generation, &facts);
             if !owned.is_empty() {
-                self.projection.write_pg(tx, generation.generation, &owned, path).await?;
+                self.projection.write_pg(tx, generation.generation, generation.storage.as_deref(), &owned, path).await?;
             }
         }
         Ok(())

@@ -4,7 +4,9 @@
 //! live traffic's rows of the generation written meanwhile are merged under
 //! the version guard, nothing older replaces anything newer, and sealing
 //! twice changes nothing. A generation whose values the table from before
-//! migration 0024 holds gets its loaded rows merged there instead.
+//! migration 0024 holds gets its loaded rows merged there instead. Live
+//! writes name the partition the seal returned, and one that went through
+//! `search_documents` while the seal attached lands in the new partition.
 
 use herald_consumer::{Projection, WritePath};
 use herald_envelope::ExportCompleted;
@@ -47,6 +49,17 @@ async fn live(db: &Db, generation: i64, facts: &[Fact]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Live traffic's write on the native driver, as the engine makes it:
+/// `storage` as the engine read it from `projection_generations`.
+async fn live_pg(db: &Db, generation: i64, storage: Option<&str>, facts: &[Fact]) -> anyhow::Result<()> {
+    let refs: Vec<&Fact> = facts.iter().collect();
+    let mut conn = sqlx::PgConnection::connect(db.url()).await?;
+    let mut tx = conn.begin().await?;
+    Search.write_pg(&mut tx, generation, storage, &refs, WritePath::Upsert).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// What reads find in `generation`, through `search_documents`.
 async fn versions(db: &Db, generation: i64) -> anyhow::Result<Vec<(String, i64)>> {
     let rows = sqlx::query("SELECT job_id, version FROM search_documents WHERE generation = $1 ORDER BY job_id")
@@ -74,7 +87,7 @@ async fn a_loaded_generation_becomes_its_partition_with_live_writes_merged_postg
     live(&db, 9, &[completed("a", 1), completed("b", 5), completed("e", 1)]).await?;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 1), ("b", 5), ("e", 1)]), "before the seal reads see live traffic's rows only");
 
-    Search.seal_load(&db, 9).await?;
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
     let sealed = pairs(&[("a", 2), ("b", 5), ("c", 3), ("e", 1)]);
     assert_eq!(versions(&db, 9).await?, sealed, "the newer version of each job, wherever it was written");
     assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_default WHERE generation = 9").await?, 0);
@@ -97,10 +110,16 @@ async fn a_loaded_generation_becomes_its_partition_with_live_writes_merged_postg
     let options = "SELECT COUNT(*) FROM pg_class WHERE oid = 'search_documents_g9'::regclass AND reloptions IS NULL";
     assert_eq!(count(&db, options).await?, 1, "autovacuum, off while it loaded, is back as for any partition");
 
-    // After the seal live traffic writes the partition; sealing again changes nothing.
+    // After the seal live traffic writes the partition, through the parent
+    // or naming it; a name that is not the generation's is not used.
+    // Sealing again changes nothing.
     live(&db, 9, &[completed("c", 4)]).await?;
-    Search.seal_load(&db, 9).await?;
-    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 2), ("b", 5), ("c", 4), ("e", 1)]));
+    live_pg(&db, 9, Some("search_documents_g9"), &[completed("f", 1)]).await?;
+    live_pg(&db, 9, Some("search_documents_default"), &[completed("g", 1)]).await?;
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
+    let expected = pairs(&[("a", 2), ("b", 5), ("c", 4), ("e", 1), ("f", 1), ("g", 1)]);
+    assert_eq!(versions(&db, 9).await?, expected);
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9").await?, 6, "every row in the generation's partition");
 
     sqlx::query("UPDATE active_generations SET generation = 9 WHERE projection = 'search'").execute(db.pool()).await?;
     let hits: Vec<String> = search::search(&db, "alice", "loaded c v4", 10).await?.hits.into_iter().map(|h| h.job_id).collect();
@@ -116,11 +135,71 @@ async fn a_generation_the_old_table_holds_gets_its_loaded_rows_merged_there_post
     live(&db, 1, &[completed("a", 3), completed("b", 1)]).await?;
     Search.prepare_load(&db, 1).await?;
     load(&db, 1, &[completed("a", 2), completed("b", 2), completed("c", 1)]).await?;
-    Search.seal_load(&db, 1).await?;
+    assert_eq!(Search.seal_load(&db, 1).await?, None, "the generation's rows stay in the old table");
     assert_eq!(versions(&db, 1).await?, pairs(&[("a", 3), ("b", 2), ("c", 1)]));
+    let storage = "SELECT COUNT(*) FROM projection_generations WHERE projection = 'search' AND generation = 1 \
+                   AND storage = 'search_documents_legacy'";
+    assert_eq!(count(&db, storage).await?, 1, "migration 0024 named the old table for the generation it holds");
     assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_legacy WHERE generation = 1").await?, 3);
     assert_eq!(count(&db, "SELECT COUNT(*) FROM pg_class WHERE relname = 'search_documents_g1'").await?, 0, "the loading table is gone");
+    live_pg(&db, 1, Some("search_documents_legacy"), &[completed("d", 1)]).await?;
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_legacy WHERE job_id = 'd'").await?, 1);
     Search.seal_load(&db, 1).await?;
-    assert_eq!(versions(&db, 1).await?, pairs(&[("a", 3), ("b", 2), ("c", 1)]), "sealing again changes nothing");
+    assert_eq!(versions(&db, 1).await?, pairs(&[("a", 3), ("b", 2), ("c", 1), ("d", 1)]), "sealing again changes nothing");
+    Ok(())
+}
+
+/// Locks of this database's sessions that wait.
+async fn waiting(db: &Db) -> anyhow::Result<i64> {
+    count(
+        db,
+        "SELECT COUNT(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database WHERE d.datname = current_database() AND NOT l.granted",
+    )
+    .await
+}
+
+/// Polls until `n` locks of this database wait: the gate's only clock.
+async fn until_waiting(db: &Db, n: i64) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while waiting(db).await? < n {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "{n} waiting locks never came");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// A live write that read no storage (the seal had not committed) and went
+/// through `search_documents` while the seal attached: held by a gate on the
+/// loaded table, the seal is at its attach with the default partition
+/// merged, and the write is started then. It must land in the new
+/// partition: routed to the default partition instead, it would fail its
+/// constraint once the attach committed (a dead letter in the engine).
+#[tokio::test]
+async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition_postgres() -> anyhow::Result<()> {
+    let test_db = postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    Search.prepare_load(&db, 9).await?;
+    load(&db, 9, &[completed("a", 1)]).await?;
+    live(&db, 9, &[completed("b", 1)]).await?;
+
+    let mut gate = sqlx::PgConnection::connect(db.url()).await?;
+    let mut held = gate.begin().await?;
+    sqlx::query("LOCK TABLE search_documents_g9 IN ACCESS SHARE MODE").execute(&mut *held).await?;
+    let seal = tokio::spawn({
+        let db = db.clone();
+        async move { Search.seal_load(&db, 9).await }
+    });
+    until_waiting(&db, 1).await?;
+    let write = tokio::spawn({
+        let db = db.clone();
+        async move { live_pg(&db, 9, None, &[completed("c", 1)]).await }
+    });
+    until_waiting(&db, 2).await?;
+    held.rollback().await?;
+
+    assert_eq!(seal.await??.as_deref(), Some("search_documents_g9"));
+    write.await??;
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 1), ("b", 1), ("c", 1)]));
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9").await?, 3, "all three in the generation's partition");
     Ok(())
 }

@@ -47,7 +47,7 @@ async fn write(db: &Db, facts: &[Fact], native: bool) -> anyhow::Result<bool> {
     }
     let mut conn = sqlx::PgConnection::connect(db.url()).await?;
     let mut tx = conn.begin().await?;
-    match Search.write_pg(&mut tx, 7, &refs, WritePath::Plain).await {
+    match Search.write_pg(&mut tx, 7, None, &refs, WritePath::Plain).await {
         Ok(()) => {
             tx.commit().await?;
             return Ok(false);
@@ -56,7 +56,7 @@ async fn write(db: &Db, facts: &[Fact], native: bool) -> anyhow::Result<bool> {
         Err(e) => return Err(e.into()),
     }
     let mut tx = conn.begin().await?;
-    Search.write_pg(&mut tx, 7, &refs, WritePath::Upsert).await?;
+    Search.write_pg(&mut tx, 7, None, &refs, WritePath::Upsert).await?;
     tx.commit().await?;
     Ok(true)
 }

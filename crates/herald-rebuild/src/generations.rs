@@ -202,6 +202,21 @@ pub async fn set_state(db: &Db, projection: &str, generation: i64, state: &str, 
     Ok(())
 }
 
+/// Records the table now holding `generation`'s rows (what
+/// `Projection::seal_load` returned), so live writes name it instead of
+/// going through the table it belongs to. A hint only: a write that read
+/// none still lands where the database routes it.
+pub async fn record_storage(db: &Db, projection: &str, generation: i64, storage: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE projection_generations SET storage = $1, updated_at_ms = $2 WHERE projection = $3 AND generation = $4")
+        .bind(storage)
+        .bind(now_ms())
+        .bind(projection)
+        .bind(generation)
+        .execute(db.pool())
+        .await?;
+    Ok(())
+}
+
 pub async fn record_verification(db: &Db, projection: &str, generation: i64, documents: i64, checksum: &str) -> Result<(), StoreError> {
     sqlx::query(
         "UPDATE projection_generations SET state = $1, documents = $2, checksum = $3, detail = NULL, updated_at_ms = $4 \

@@ -139,7 +139,9 @@ pub async fn rebuild<P: Projection>(
     // Before the verification reads it: what the replay loaded becomes
     // readable with what live traffic wrote meanwhile.
     progress.phase(&format!("{} generation {generation}: indexing what was replayed", P::NAME));
-    projection.seal_load(db, generation).await?;
+    if let Some(storage) = projection.seal_load(db, generation).await? {
+        generations::record_storage(db, P::NAME, generation, &storage).await?;
+    }
     progress.phase(&format!("{} generation {generation}: verifying", P::NAME));
     let rows = match verified(db, projection, &opened, previous_active).await? {
         Verified::Rows(rows) => rows,

@@ -58,6 +58,9 @@ impl Position {
 pub struct LiveGeneration {
     pub generation: i64,
     pub boundaries: BTreeMap<i32, i64>,
+    /// The table holding the generation's rows, when its projection keeps
+    /// one per generation and recorded it (`projection_generations.storage`).
+    pub storage: Option<String>,
 }
 
 impl LiveGeneration {
@@ -80,13 +83,13 @@ pub async fn live_pg(conn: &mut sqlx::PgConnection, projection: &str, topic: &st
     Ok(fold_live(rows))
 }
 
-/// (generation, partition, boundary), the partition's columns null for a
-/// generation without positions in the topic.
-type LiveRow = (i64, Option<i32>, Option<i64>);
+/// (generation, storage, partition, boundary), the partition's columns null
+/// for a generation without positions in the topic.
+type LiveRow = (i64, Option<String>, Option<i32>, Option<i64>);
 
 fn live_sql() -> String {
     format!(
-        "SELECT g.generation, p.kafka_partition, p.boundary_offset FROM projection_generations g \
+        "SELECT g.generation, g.storage, p.kafka_partition, p.boundary_offset FROM projection_generations g \
          LEFT JOIN generation_positions p ON p.projection = g.projection AND p.generation = g.generation AND p.topic = $2 \
          WHERE g.projection = $1 AND g.{} ORDER BY g.generation",
         live_states_sql()
@@ -95,9 +98,9 @@ fn live_sql() -> String {
 
 fn fold_live(rows: Vec<LiveRow>) -> Vec<LiveGeneration> {
     let mut out: Vec<LiveGeneration> = Vec::new();
-    for (generation, partition, boundary) in rows {
+    for (generation, storage, partition, boundary) in rows {
         if out.last().is_none_or(|g| g.generation != generation) {
-            out.push(LiveGeneration { generation, boundaries: BTreeMap::new() });
+            out.push(LiveGeneration { generation, boundaries: BTreeMap::new(), storage });
         }
         if let (Some(partition), Some(boundary), Some(last)) = (partition, boundary, out.last_mut()) {
             last.boundaries.insert(partition, boundary);

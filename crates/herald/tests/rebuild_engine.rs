@@ -26,7 +26,7 @@ use herald_kafka::Topics;
 use herald_projections::{search, stats};
 use herald_rebuild::replay::ReplayProgress;
 use herald_rebuild::{Progress, Projection, RebuildOptions, RebuildReport, Search, Stats, verify};
-use herald_store::Db;
+use herald_store::{Backend, Db};
 use herald_testkit::{TestDb, unique, wait_until};
 use rdkafka::producer::FutureProducer;
 use sqlx::Row;
@@ -148,6 +148,20 @@ async fn window_is_closed(test_db: TestDb) -> anyhow::Result<()> {
     .await?;
     let (one, two) = verify::fingerprints(&bed.db, &Stats, 1, 2).await?;
     assert_eq!(one, two, "stats generations agree");
+    if bed.db.backend() == Backend::Postgres {
+        // Search generation 2 was loaded into its own partition, and live
+        // traffic now writes it there by name.
+        let storage: Option<String> =
+            sqlx::query("SELECT storage FROM projection_generations WHERE projection = 'search' AND generation = 2")
+                .fetch_one(bed.db.pool())
+                .await?
+                .try_get("storage")?;
+        assert_eq!(storage.as_deref(), Some("search_documents_g2"));
+        wait_until("the late completion in search generation 2's partition", WAIT, || async {
+            Ok(sqlx::query("SELECT COUNT(*) AS n FROM search_documents_g2").fetch_one(bed.db.pool()).await?.try_get::<i64, _>("n")? == 41)
+        })
+        .await?;
+    }
     running.stop().await
 }
 

@@ -14,10 +14,10 @@
 
 use herald_store::{Backend, Db, StoreError};
 use sqlx::{PgConnection, Row};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::DocumentRow;
-use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
+use super::write::{self, TABLE, guard};
 
 /// The generation's own table: where its replay writes until the seal, and
 /// then its partition.
@@ -28,12 +28,32 @@ pub(super) fn table(generation: i64) -> String {
 /// SQLSTATE of an attach whose values another partition already holds.
 const OVERLAPS: &str = "42P17";
 
+/// The partition migration 0024 made of the table as it was, holding the
+/// generations there were then.
+const LEGACY: &str = "search_documents_legacy";
+
 /// The replay's write of `rows` into the generation's own table, plainly or
 /// (`upsert`) under the version guard.
 pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    let table = table(generation);
-    let tail = if upsert { guard(&table) } else { String::new() };
-    insert_unnest(tx, &format!("INSERT INTO {table} {UNNEST_ROWS}{tail}"), generation, rows).await
+    write::write_pg(tx, &table(generation), generation, rows, upsert).await
+}
+
+/// Where a live write of `generation` goes: the partition `storage` names
+/// when it is one a generation of search has (its own table, or the old
+/// one), else `search_documents`, which routes the rows itself. Naming the
+/// partition spares PostgreSQL the routing, 8-19 % of the insert
+/// (BENCHMARKS.md, "Loaded, then indexed once"); anything else in
+/// `storage` is not named in SQL.
+pub(super) fn live_table(generation: i64, storage: Option<&str>) -> String {
+    match storage {
+        Some(LEGACY) => LEGACY.to_owned(),
+        Some(own) if own == table(generation) => own.to_owned(),
+        Some(other) => {
+            warn!(generation, storage = other, "search: storage is not a table of the generation's, writing search_documents");
+            TABLE.to_owned()
+        }
+        None => TABLE.to_owned(),
+    }
 }
 
 /// Creates the generation's own table unless it is there (loading, or
@@ -53,18 +73,20 @@ pub(super) async fn prepare(db: &Db, generation: i64) -> Result<(), StoreError> 
 }
 
 /// Builds the loaded table's indexes, merges live traffic's rows of the
-/// generation into it and attaches it. Nothing to do once attached.
-pub(super) async fn seal(db: &Db, generation: i64) -> Result<(), StoreError> {
+/// generation into it and attaches it; returns it, the generation's
+/// partition from now on. Nothing to do once attached. `None`: the
+/// generation's rows stay where they were (SQLite; the old table's).
+pub(super) async fn seal(db: &Db, generation: i64) -> Result<Option<String>, StoreError> {
     if db.backend() != Backend::Postgres {
-        return Ok(());
+        return Ok(None);
     }
     prepare(db, generation).await?;
     let table = table(generation);
     if attached(db, &table).await? {
-        return Ok(());
+        return Ok(Some(table));
     }
     build_indexes(db, &table).await?;
-    attach(db, &table, generation).await
+    Ok(attach(db, &table, generation).await?.then_some(table))
 }
 
 async fn attached(db: &Db, table: &str) -> Result<bool, StoreError> {
@@ -96,12 +118,20 @@ async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
 }
 
 /// One transaction: live traffic's rows of the generation leave the default
-/// partition (locked, so none arrive meanwhile) for the table under the
-/// version guard, and the table becomes the generation's partition. A
-/// generation opened before migration 0024 has its values in the old
-/// table's partition: its loaded rows are merged there instead.
-async fn attach(db: &Db, table: &str, generation: i64) -> Result<(), StoreError> {
+/// partition for the table under the version guard, and the table becomes
+/// the generation's partition; true when it did. A generation opened before
+/// migration 0024 has its values in the old table's partition: its loaded
+/// rows are merged there instead (false).
+///
+/// Writes through `search_documents` wait for the commit (its lock): one
+/// that began before it would have routed its rows to the default
+/// partition, where the attach makes rows of the generation a violation of
+/// the partition's constraint, which PostgreSQL checks again and fails.
+/// Waiting, it routes them to the new partition. Writes naming a partition
+/// and reads do not wait.
+async fn attach(db: &Db, table: &str, generation: i64) -> Result<bool, StoreError> {
     let mut tx = db.begin().await?;
+    sqlx::query("LOCK TABLE search_documents IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
     sqlx::query("LOCK TABLE search_documents_default IN ACCESS EXCLUSIVE MODE").execute(&mut *tx).await?;
     let merge = format!(
         "WITH moved AS (DELETE FROM search_documents_default WHERE generation = $1 RETURNING *) \
@@ -113,17 +143,21 @@ async fn attach(db: &Db, table: &str, generation: i64) -> Result<(), StoreError>
     sqlx::query(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)")).execute(&mut *tx).await?;
     sqlx::query("SAVEPOINT search_attach").execute(&mut *tx).await?;
     let attach = format!("ALTER TABLE {TABLE} ATTACH PARTITION {table} FOR VALUES IN ({generation})");
-    match sqlx::query(&attach).execute(&mut *tx).await {
-        Ok(_) => info!(generation, moved, "search generation attached as its partition"),
+    let attached = match sqlx::query(&attach).execute(&mut *tx).await {
+        Ok(_) => {
+            info!(generation, moved, "search generation attached as its partition");
+            true
+        }
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(OVERLAPS) => {
             sqlx::query("ROLLBACK TO SAVEPOINT search_attach").execute(&mut *tx).await?;
             let merged = format!("INSERT INTO search_documents SELECT * FROM {table}{}", guard(TABLE));
             let rows = sqlx::query(&merged).execute(&mut *tx).await?.rows_affected();
             sqlx::query(&format!("DROP TABLE {table}")).execute(&mut *tx).await?;
             info!(generation, rows, "search generation older than its own partitions: loaded rows merged into its partition");
+            false
         }
         Err(e) => return Err(e.into()),
-    }
+    };
     tx.commit().await?;
-    Ok(())
+    Ok(attached)
 }

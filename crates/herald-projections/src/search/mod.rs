@@ -50,8 +50,16 @@ impl Projection for Search {
         Ok(write::write(tx, generation, &facts).await?)
     }
 
-    async fn write_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
-        write_pg_rows(facts, path, |rows, upsert| async move { write::write_pg(tx, generation, &rows, upsert).await }).await
+    async fn write_pg(
+        &self,
+        tx: &mut PgConnection,
+        generation: i64,
+        storage: Option<&str>,
+        facts: &[&Fact],
+        path: WritePath,
+    ) -> Result<(), HandlerError> {
+        let table = load::live_table(generation, storage);
+        write_pg_rows(facts, path, |rows, upsert| async move { write::write_pg(tx, &table, generation, &rows, upsert).await }).await
     }
 
     async fn load_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
@@ -62,7 +70,7 @@ impl Projection for Search {
         load::prepare(db, generation).await
     }
 
-    async fn seal_load(&self, db: &Db, generation: i64) -> Result<(), StoreError> {
+    async fn seal_load(&self, db: &Db, generation: i64) -> Result<Option<String>, StoreError> {
         load::seal(db, generation).await
     }
 
