@@ -43,7 +43,8 @@ const EXEMPT: &[(&str, &str)] = &[
     (
         "crates/herald-projections/src/search/load.rs",
         "a search generation's own table, named by its generation (`search_documents_g<N>`): created, written by the \
-         replay and merged into while it loads, then attached as that generation's partition of search_documents",
+         replay and merged into while it loads, then attached as that generation's partition of search_documents, \
+         which live writes then name (as they name search_documents_legacy for the generations it holds)",
     ),
     (
         "crates/herald-store/src/lease.rs",

@@ -17,7 +17,7 @@ use sqlx::{PgConnection, Row};
 use tracing::{info, warn};
 
 use super::DocumentRow;
-use super::write::{self, TABLE, guard};
+use super::write::{self, TABLE, UNNEST_ROWS, guard, insert_unnest};
 
 /// The generation's own table: where its replay writes until the seal, and
 /// then its partition.
@@ -35,25 +35,37 @@ const LEGACY: &str = "search_documents_legacy";
 /// The replay's write of `rows` into the generation's own table, plainly or
 /// (`upsert`) under the version guard.
 pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    write::write_pg(tx, &table(generation), generation, rows, upsert).await
+    insert_into(tx, &table(generation), generation, rows, upsert).await
 }
 
-/// Where a live write of `generation` goes: the partition `storage` names
-/// when it is one a generation of search has (its own table, or the old
-/// one), else `search_documents`, which routes the rows itself. Naming the
-/// partition spares PostgreSQL the routing, 8-19 % of the insert
-/// (BENCHMARKS.md, "Loaded, then indexed once"); anything else in
-/// `storage` is not named in SQL.
-pub(super) fn live_table(generation: i64, storage: Option<&str>) -> String {
+/// Live traffic's write of `rows` into `generation`: into the partition
+/// `storage` names when it is one a generation of search has (its own
+/// table, or the old one), else through `search_documents`, which routes
+/// the rows itself. Naming the partition spares PostgreSQL the routing,
+/// 8-19 % of the insert (BENCHMARKS.md, "Loaded, then indexed once");
+/// anything else in `storage` is not named in SQL.
+pub(super) async fn write_live(
+    tx: &mut PgConnection,
+    generation: i64,
+    storage: Option<&str>,
+    rows: &[DocumentRow],
+    upsert: bool,
+) -> Result<(), sqlx::Error> {
     match storage {
-        Some(LEGACY) => LEGACY.to_owned(),
-        Some(own) if own == table(generation) => own.to_owned(),
+        Some(LEGACY) => insert_into(tx, LEGACY, generation, rows, upsert).await,
+        Some(own) if own == table(generation) => insert_into(tx, own, generation, rows, upsert).await,
         Some(other) => {
             warn!(generation, storage = other, "search: storage is not a table of the generation's, writing search_documents");
-            TABLE.to_owned()
+            write::write_pg(tx, generation, rows, upsert).await
         }
-        None => TABLE.to_owned(),
+        None => write::write_pg(tx, generation, rows, upsert).await,
     }
+}
+
+/// [`write::write_pg`] into one partition, `table`.
+async fn insert_into(tx: &mut PgConnection, table: &str, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    let tail = if upsert { guard(table) } else { String::new() };
+    insert_unnest(tx, &format!("INSERT INTO {table} {UNNEST_ROWS}{tail}"), generation, rows).await
 }
 
 /// Creates the generation's own table unless it is there (loading, or

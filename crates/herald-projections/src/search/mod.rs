@@ -58,8 +58,7 @@ impl Projection for Search {
         facts: &[&Fact],
         path: WritePath,
     ) -> Result<(), HandlerError> {
-        let table = load::live_table(generation, storage);
-        write_pg_rows(facts, path, |rows, upsert| async move { write::write_pg(tx, &table, generation, &rows, upsert).await }).await
+        write_pg_rows(facts, path, |rows, upsert| async move { load::write_live(tx, generation, storage, &rows, upsert).await }).await
     }
 
     async fn load_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {

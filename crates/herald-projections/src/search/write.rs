@@ -98,31 +98,24 @@ pub(super) fn guard(table: &str) -> String {
     )
 }
 
-/// [`upsert_rows`] on a native PostgreSQL connection, in one statement,
-/// into `table` (`search_documents` or the partition holding `generation`,
-/// which `load` names): `upsert` false inserts plainly and fails on a job
-/// already there (the caller starts over with `upsert`), true applies the
-/// version guard.
-pub(super) async fn write_pg(
-    tx: &mut PgConnection,
-    table: &str,
-    generation: i64,
-    rows: &[DocumentRow],
-    upsert: bool,
-) -> Result<(), sqlx::Error> {
-    let tail = if upsert { guard(table) } else { String::new() };
-    insert_unnest(tx, &format!("INSERT INTO {table} {UNNEST_ROWS}{tail}"), generation, rows).await
+/// [`upsert_rows`] on a native PostgreSQL connection, in one statement:
+/// `upsert` false inserts plainly and fails on a job already there (the
+/// caller starts over with `upsert`), true applies the version guard.
+/// `load` writes a generation's own partition the same way.
+pub(super) async fn write_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    let tail = if upsert { guard(TABLE) } else { String::new() };
+    insert_unnest(tx, &format!("INSERT INTO search_documents {UNNEST_ROWS}{tail}"), generation, rows).await
 }
 
 /// The columns and rows of an array-bound insert: `$1` the generation, the
 /// others one array per column ([`insert_unnest`] binds them).
-const UNNEST_ROWS: &str = "(generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, \
+pub(super) const UNNEST_ROWS: &str = "(generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, \
      version, deleted_at_ms) \
      SELECT $1, * FROM UNNEST($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int8[], $8::int8[], \
      $9::int8[], $10::int8[])";
 
 /// Runs `sql`, an insert of [`UNNEST_ROWS`], with `rows` bound as arrays.
-async fn insert_unnest(tx: &mut PgConnection, sql: &str, generation: i64, rows: &[DocumentRow]) -> Result<(), sqlx::Error> {
+pub(super) async fn insert_unnest(tx: &mut PgConnection, sql: &str, generation: i64, rows: &[DocumentRow]) -> Result<(), sqlx::Error> {
     if rows.is_empty() {
         return Ok(());
     }
