@@ -4,28 +4,15 @@
 //! PostgreSQL's native fast path (what replays use) and the shared `Any`
 //! path (live traffic, SQLite), on both databases.
 
+mod common;
+
+use common::completed;
 use herald_consumer::{HandlerError, Projection, WritePath};
-use herald_envelope::ExportCompleted;
 use herald_projections::search::{Fact, Search};
 use herald_store::Db;
 use herald_testkit::{TestDb, postgres_db, sqlite_db};
 use sqlx::Connection;
 use sqlx::Row;
-
-fn completed(job: &str, version: i64) -> Fact {
-    Fact::Completed(ExportCompleted {
-        job_id: job.into(),
-        caller: "alice".into(),
-        format: "csv".into(),
-        query: format!("{job} v{version}"),
-        result_id: "r".into(),
-        size_bytes: 1,
-        sha256: String::new(),
-        completed_at_ms: 1,
-        version,
-        content_type: "text/csv".into(),
-    })
-}
 
 async fn versions(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
     let rows =

@@ -9,15 +9,17 @@
 //! it row by row (BENCHMARKS.md, "Rebuild").
 //!
 //! The check lets the attach skip its scan and the indexes match the
-//! parent's, so the attach takes them as they are: it holds its locks for
-//! milliseconds. SQLite keeps one table and none of this.
+//! parent's, so the attach takes them as they are: its transaction holds
+//! its locks for as long as moving live traffic's rows of N takes. Live
+//! writes then name the partition (`write_live`). SQLite keeps one table
+//! and none of this.
 
 use herald_store::{Backend, Db, StoreError};
 use sqlx::{PgConnection, Row};
 use tracing::{info, warn};
 
 use super::DocumentRow;
-use super::write::{self, TABLE, UNNEST_ROWS, guard, insert_unnest};
+use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
 
 /// The generation's own table: where its replay writes until the seal, and
 /// then its partition.
@@ -51,18 +53,22 @@ pub(super) async fn write_live(
     rows: &[DocumentRow],
     upsert: bool,
 ) -> Result<(), sqlx::Error> {
-    match storage {
-        Some(LEGACY) => insert_into(tx, LEGACY, generation, rows, upsert).await,
-        Some(own) if own == table(generation) => insert_into(tx, own, generation, rows, upsert).await,
+    let table = match storage {
+        Some(LEGACY) => LEGACY,
+        Some(own) if own == table(generation) => own,
         Some(other) => {
             warn!(generation, storage = other, "search: storage is not a table of the generation's, writing search_documents");
-            write::write_pg(tx, generation, rows, upsert).await
+            TABLE
         }
-        None => write::write_pg(tx, generation, rows, upsert).await,
-    }
+        None => TABLE,
+    };
+    insert_into(tx, table, generation, rows, upsert).await
 }
 
-/// [`write::write_pg`] into one partition, `table`.
+/// One statement writing `rows` into `table` (`search_documents` or a
+/// partition of it): `upsert` false inserts plainly and fails on a job
+/// already there (the caller starts over with `upsert`), true applies the
+/// version guard.
 async fn insert_into(tx: &mut PgConnection, table: &str, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
     let tail = if upsert { guard(table) } else { String::new() };
     insert_unnest(tx, &format!("INSERT INTO {table} {UNNEST_ROWS}{tail}"), generation, rows).await

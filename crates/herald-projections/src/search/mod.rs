@@ -2,7 +2,10 @@
 //! Reads always go through the generation named active in
 //! `active_generations`, so a rebuild can fill another one beside it.
 //!
-//! - `write`: the writers (the shared `Any` path and PostgreSQL's fast path).
+//! - `write`: the writers (the shared `Any` path, and the pieces of
+//!   PostgreSQL's fast path).
+//! - `load`: on PostgreSQL, which table a native write names, and a
+//!   replay's generation loaded into a table of its own and attached.
 //! - `verify`: a generation's fingerprint, and its check against the jobs
 //!   table (the projection's source of truth) for offline rebuilds.
 
@@ -82,8 +85,8 @@ impl Projection for Search {
     }
 }
 
-/// One document per job, written as `path` says by `write` (into
-/// `search_documents`, or a loading generation's own table).
+/// One document per job, written as `path` says by `write` (live traffic's
+/// table for the generation, or a loading generation's own).
 async fn write_pg_rows<W, F>(facts: &[&Fact], path: WritePath, write: W) -> Result<(), HandlerError>
 where
     W: FnOnce(Vec<DocumentRow>, bool) -> F,

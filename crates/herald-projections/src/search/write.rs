@@ -1,8 +1,9 @@
 //! Writing documents into a generation. Two paths, same statements in
-//! effect: the shared `Any` path ([`upsert_rows`]) and, for replays on
-//! PostgreSQL, sqlx's native driver with array binds ([`write_pg`]): `Any`
-//! cannot bind arrays, and multi-row `VALUES` through it spends most of a
-//! replay's time in the client (BENCHMARKS.md "Rebuild").
+//! effect: the shared `Any` path ([`upsert_rows`]) and, on PostgreSQL,
+//! sqlx's native driver with array binds ([`UNNEST_ROWS`], run by `load`,
+//! which names the table: `search_documents` or one generation's
+//! partition): `Any` cannot bind arrays, and multi-row `VALUES` through it
+//! spends most of a replay's time in the client (BENCHMARKS.md "Rebuild").
 
 use herald_store::{StoreError, Tx};
 use sqlx::PgConnection;
@@ -96,15 +97,6 @@ pub(super) fn guard(table: &str) -> String {
          completed_at_ms = excluded.completed_at_ms, version = excluded.version, deleted_at_ms = excluded.deleted_at_ms \
          WHERE {table}.version < excluded.version"
     )
-}
-
-/// [`upsert_rows`] on a native PostgreSQL connection, in one statement:
-/// `upsert` false inserts plainly and fails on a job already there (the
-/// caller starts over with `upsert`), true applies the version guard.
-/// `load` writes a generation's own partition the same way.
-pub(super) async fn write_pg(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    let tail = if upsert { guard(TABLE) } else { String::new() };
-    insert_unnest(tx, &format!("INSERT INTO search_documents {UNNEST_ROWS}{tail}"), generation, rows).await
 }
 
 /// The columns and rows of an array-bound insert: `$1` the generation, the
