@@ -31,6 +31,11 @@ fn check(figures: &serde_json::Value, peak: &str, memory: &str) {
 fn bench_relay_reports_the_relay_process_memory() -> anyhow::Result<()> {
     let figures = bench(&["relay", "--events", "2000", "--naive-events", "100", "--memory-events", "20000"])?;
     check(&figures, "relay_peak_rss_mb", "relay_memory");
+    // The floor moved the same backlog (it fails the run unless it read
+    // every pending row), and its ratios are reported beside Herald's.
+    let floor = figures["floor_relay_eps"].as_f64().unwrap_or(0.0);
+    assert!(floor > 0.0, "floor_relay_eps in {figures}");
+    assert!(figures["floor_vs_raw"].as_f64().is_some() && figures["relay_vs_floor"].as_f64().is_some(), "{figures}");
     Ok(())
 }
 

@@ -42,6 +42,15 @@ async fn relay_consume_and_rebuild_delete_their_topics_from_a_real_cluster_real_
         let figures = bench(&server, &brokers, args)?;
         // The run was on the cluster given, not on the mock.
         assert!(figures["broker"].as_str().is_some_and(|b| b.contains(&brokers)), "{args:?}: {figures}");
+        // The floors ran too (each fails the run unless it moved every row).
+        let floor = match args[0] {
+            "relay" => Some("floor_relay_eps"),
+            "rebuild" => Some("write_floor_eps"),
+            _ => None,
+        };
+        if let Some(key) = floor {
+            assert!(figures[key].as_f64().unwrap_or(0.0) > 0.0, "{key}: {figures}");
+        }
         let gone = || async { Ok(bench_topics(&brokers)? == before) };
         herald_testkit::wait_until(&format!("the topics of bench {} to be deleted", args[0]), Duration::from_secs(30), gone).await?;
     }

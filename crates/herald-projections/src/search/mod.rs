@@ -22,6 +22,7 @@ mod load;
 mod verify;
 mod write;
 
+pub use load::index_statements;
 pub use write::{prune_tombstones, upsert_rows};
 
 /// Subscription name, and so consumer group `herald.search`.

@@ -4,7 +4,9 @@
 //!
 //! 1. a raw rdkafka producer sending the same records (the ceiling),
 //! 2. a naive relay: select one row, publish, await the ack, update, repeat,
-//! 3. Herald's relay, progress recorded.
+//! 3. Herald's relay, progress recorded,
+//! 4. the floor under any relay of this outbox (`relay_floor`): one binary
+//!    COPY in commit order, each row sent as the raw producer sends it.
 //!
 //! Each runs against a fresh temporary database created on the server named
 //! by `--database`, dropped afterwards.
@@ -26,6 +28,7 @@ use serde_json::json;
 use super::broker::BenchBroker;
 use super::cpu::{CpuMark, CpuUse};
 use super::memory::{self, Memory};
+use super::relay_floor;
 use crate::scratch::ScratchDb;
 use herald_secret::SecretUrl;
 use sqlx::Row;
@@ -93,6 +96,12 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     db.close().await;
     scratch.drop_db().await;
     let (naive, herald) = (naive?, herald?);
+    let (scratch, db) = scratch_db(&server).await?;
+    insert(&db, &events(&topic, args.events)?).await?;
+    let floor = relay_floor::floor_relay(&db, &kafka, args.events).await;
+    db.close().await;
+    scratch.drop_db().await;
+    let floor = floor?;
     let memory = match args.memory_events {
         0 => None,
         n => {
@@ -105,7 +114,7 @@ pub async fn run(args: RelayBenchArgs) -> anyhow::Result<ExitCode> {
     };
     broker.finish().await?;
 
-    report(&args, raw, naive, herald, memory.as_ref())?;
+    report(&args, Runs { raw, naive, herald, floor }, memory.as_ref())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -147,6 +156,10 @@ pub(crate) struct Run {
 }
 
 impl Run {
+    pub(crate) fn new(events: u64, secs: f64, cpu: Option<CpuUse>) -> Self {
+        Self { events, secs, split: None, cpu }
+    }
+
     pub(crate) fn eps(&self) -> f64 {
         self.events as f64 / self.secs
     }
@@ -285,13 +298,25 @@ pub(crate) async fn insert(db: &Db, events: &[OutboxEvent]) -> anyhow::Result<()
     Ok(())
 }
 
-fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Option<&Memory>) -> anyhow::Result<()> {
+/// The four measurements of one run.
+struct Runs {
+    raw: Run,
+    naive: Run,
+    herald: Run,
+    floor: Run,
+}
+
+fn report(args: &RelayBenchArgs, runs: Runs, memory: Option<&Memory>) -> anyhow::Result<()> {
+    let Runs { raw, naive, herald, floor } = runs;
     let vs_naive = herald.eps() / naive.eps();
     let vs_raw = herald.eps() / raw.eps();
+    let ratio = |x: f64| (x * 100.0).round() / 100.0;
     if args.json {
         let out = json!({
             "raw_producer_eps": raw.eps().round(), "naive_relay_eps": naive.eps().round(), "relay_eps": herald.eps().round(),
-            "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": (vs_raw * 100.0).round() / 100.0,
+            "relay_vs_naive": (vs_naive * 10.0).round() / 10.0, "relay_vs_raw": ratio(vs_raw),
+            "floor_relay_eps": floor.eps().round(), "floor_vs_raw": ratio(floor.eps() / raw.eps()),
+            "relay_vs_floor": ratio(herald.eps() / floor.eps()),
             "events": herald.events, "naive_events": naive.events, "partitions": args.partitions,
             "broker": args.kafka.brokers.as_deref().unwrap_or("in-process mock cluster"),
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
@@ -301,7 +326,9 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
             "relay_memory": memory.map(Memory::to_json),
             "raw_cpu": raw.cpu.map(|c| c.to_json(raw.events)),
             "relay_cpu": herald.cpu.map(|c| c.to_json(herald.events)),
-            "relay_vs_raw_cpu_bound": cpu_bound(raw, herald).map(|r| (r * 100.0).round() / 100.0),
+            "floor_cpu": floor.cpu.map(|c| c.to_json(floor.events)),
+            "relay_vs_raw_cpu_bound": cpu_bound(raw, herald).map(ratio),
+            "floor_vs_raw_cpu_bound": cpu_bound(raw, floor).map(ratio),
         });
         println!("{}", serde_json::to_string(&out)?);
         return Ok(());
@@ -313,11 +340,17 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
         ("raw rdkafka producer (ceiling)", raw),
         ("naive relay (1 row: select, publish, await, update)", naive),
         ("Herald relay (PostgreSQL, progress recorded)", herald),
+        ("floor: one binary COPY in commit order, sent as raw (no progress)", floor),
     ] {
         println!("| {name} | {} | {:.2} | {:.0} | {:.2}x |", run.events, run.secs, run.eps(), run.eps() / herald.eps());
     }
     println!();
-    println!("Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %", vs_raw * 100.0);
+    println!(
+        "Herald / naive = {vs_naive:.1}x; Herald / raw producer = {:.0} %; floor / raw producer = {:.0} %; Herald / floor = {:.0} %",
+        vs_raw * 100.0,
+        floor.eps() / raw.eps() * 100.0,
+        herald.eps() / floor.eps() * 100.0
+    );
     if let Some([r, p, w]) = herald.split {
         println!(
             "Herald's slice tasks spent {:.0} % reading batches, {:.0} % awaiting the broker, {:.0} % waiting for progress writes (beyond the next read)",
@@ -326,26 +359,28 @@ fn report(args: &RelayBenchArgs, raw: Run, naive: Run, herald: Run, memory: Opti
             w * 100.0
         );
     }
-    for (name, run) in [("raw producer", raw), ("Herald relay", herald)] {
+    for (name, run) in [("raw producer", raw), ("Herald relay", herald), ("floor", floor)] {
         if let Some(cpu) = run.cpu {
             println!("{}", cpu.line(name, run.events, "this process", "others: PostgreSQL, brokers not in-process"));
         }
     }
-    if let Some(bound) = cpu_bound(raw, herald) {
-        println!("at its CPU per event with every core busy, Herald's relay could reach at most {bound:.2} × the raw producer here");
+    for (name, run) in [("Herald's relay", herald), ("the floor", floor)] {
+        if let Some(bound) = cpu_bound(raw, run) {
+            println!("at its CPU per event with every core busy, {name} could reach at most {bound:.2} × the raw producer here");
+        }
     }
     if let Some(memory) = memory {
         println!("{}", memory.line(&format!("herald relay draining {} rows", args.memory_events)));
     }
     Ok(())
 }
-/// The most Herald's relay could reach over the raw producer's measured
-/// rate if it kept every core busy at the CPU per event it used: all cores
-/// divided by that cost, over raw's rate. A relay below this bound waited on
+/// The most a relay could reach over the raw producer's measured rate if
+/// it kept every core busy at the CPU per event it used: all cores divided
+/// by that cost, over raw's rate. A relay below this bound waited on
 /// something; at it, only less CPU per event moves it.
-fn cpu_bound(raw: Run, herald: Run) -> Option<f64> {
-    let cpu = herald.cpu?;
-    let most_eps = cpu.cpus as f64 * 1e6 / cpu.us_per_event(herald.events).max(f64::MIN_POSITIVE);
+fn cpu_bound(raw: Run, relay: Run) -> Option<f64> {
+    let cpu = relay.cpu?;
+    let most_eps = cpu.cpus as f64 * 1e6 / cpu.us_per_event(relay.events).max(f64::MIN_POSITIVE);
     Some(most_eps / raw.eps())
 }
 

@@ -1,0 +1,124 @@
+//! The floor under any replay into search on this PostgreSQL server: what
+//! the server spends to make a million documents searchable the cheapest way
+//! it can, with nothing of a replay's own work. The documents (those the
+//! benchmark publishes, under another run tag) go in one `COPY … FROM STDIN`
+//! into a table shaped like a loading generation (`search_documents`'
+//! columns, the primary key only), then the indexes a sealed generation
+//! has are built once over them, as the seal builds them
+//! (`search::index_statements`, the GIN beside the btrees). The table is the
+//! run's own and dropped afterwards.
+//!
+//! Added to what receiving the records costs (the raw consume, same run),
+//! this bounds any replay here: with every core busy on nothing but those
+//! two, at most `cores ÷ (receive + write)` events a second.
+
+use std::time::Instant;
+
+use anyhow::Context;
+use herald_projections::search;
+use herald_store::Db;
+
+use super::cpu::{CpuMark, CpuUse};
+use super::workload;
+
+/// The floor's table: not a generation's, never attached.
+const TABLE: &str = "bench_write_floor";
+/// The columns a replay writes (search's `UNNEST_ROWS`).
+const COLUMNS: &str = "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms";
+/// Bytes per message of the COPY stream.
+const SEND: usize = 1 << 20;
+
+/// What writing the floor took: wall seconds and the machine's CPU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteFloor {
+    pub(crate) secs: f64,
+    pub(crate) cpu: Option<CpuUse>,
+}
+
+/// Writes `n` documents of run `tag` as described above.
+pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<WriteFloor> {
+    let pool = db.native_postgres(2)?.context("the write floor needs PostgreSQL")?;
+    sqlx::query(&format!("DROP TABLE IF EXISTS {TABLE}")).execute(&pool).await?;
+    sqlx::query(&format!(
+        "CREATE TABLE {TABLE} (LIKE search_documents, PRIMARY KEY (generation, job_id)) WITH (autovacuum_enabled = false)"
+    ))
+    .execute(&pool)
+    .await?;
+    // Formatted before the clock starts: the floor is the server's work.
+    let text = copy_text(tag, n);
+    let (started, mark) = (Instant::now(), CpuMark::now());
+    let mut conn = pool.acquire().await?;
+    let mut copy = conn.copy_in_raw(&format!("COPY {TABLE} ({COLUMNS}) FROM STDIN")).await?;
+    for chunk in text.chunks(SEND) {
+        copy.send(chunk).await?;
+    }
+    let rows = copy.finish().await?;
+    drop(conn);
+    anyhow::ensure!(rows == n as u64, "the write floor copied {rows} documents, expected {n}");
+    let (trigram, btrees) = search::index_statements(TABLE);
+    let gin = async { sqlx::query(&trigram).execute(&pool).await.map(drop) };
+    let others = async {
+        for sql in &btrees {
+            sqlx::query(sql).execute(&pool).await?;
+        }
+        Ok(())
+    };
+    tokio::try_join!(gin, others)?;
+    let floor = WriteFloor { secs: started.elapsed().as_secs_f64(), cpu: mark.and_then(|m| m.used()) };
+    sqlx::query(&format!("DROP TABLE {TABLE}")).execute(&pool).await?;
+    pool.close().await;
+    Ok(floor)
+}
+
+/// COPY's text format of `n` documents of run `tag`, one generation.
+fn copy_text(tag: &str, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * 160);
+    for i in 0..n {
+        let doc = workload::completion(tag, i);
+        out.extend_from_slice(b"999\t");
+        for text in [&doc.job_id, &doc.caller, &doc.format, &doc.query, &doc.result_id] {
+            escaped(&mut out, text);
+            out.push(b'\t');
+        }
+        out.extend_from_slice(format!("{}\t{}\t{}\t\\N\n", doc.size_bytes, doc.completed_at_ms, doc.version).as_bytes());
+    }
+    out
+}
+
+/// `text` as a column of COPY's text format: the backslash, tab, newline and
+/// carriage return escaped, nothing else changed.
+fn escaped(out: &mut Vec<u8>, text: &str) {
+    for byte in text.bytes() {
+        match byte {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            other => out.push(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn separators_inside_a_value_are_escaped() {
+        let mut out = Vec::new();
+        escaped(&mut out, "a\tb\\c\nd\re ü");
+        assert_eq!(String::from_utf8(out).unwrap(), "a\\tb\\\\c\\nd\\re ü");
+    }
+
+    #[test]
+    fn each_document_is_one_line_of_ten_columns() {
+        let text = String::from_utf8(copy_text("t", 3)).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        for line in lines {
+            let columns: Vec<&str> = line.split('\t').collect();
+            assert_eq!(columns.len(), COLUMNS.split(',').count(), "{line}");
+            assert_eq!((columns[0], columns[9]), ("999", "\\N"));
+        }
+    }
+}
