@@ -11,7 +11,7 @@
 mod common;
 
 use common::completed;
-use herald_consumer::{Projection, WritePath};
+use herald_consumer::{HandlerError, Projection, WritePath};
 use herald_projections::search::{self, Fact, Search};
 use herald_store::Db;
 use herald_testkit::postgres_db;
@@ -188,5 +188,42 @@ async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition
     write.await??;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 1), ("b", 1), ("c", 1)]));
     assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9").await?, 3, "all three in the generation's partition");
+    Ok(())
+}
+
+/// The replay loads in one `COPY`: whatever bytes a value holds arrive as
+/// they are, a deletion's tombstone keeps its NULLs and times, and a job the
+/// table already holds fails the plain load as a conflict (the replay then
+/// writes the batch again under the version guard, which keeps the newer).
+#[tokio::test]
+async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict_postgres() -> anyhow::Result<()> {
+    let test_db = postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    Search.prepare_load(&db, 9).await?;
+    let odd = "tab\there, line\nbreak\r, back\\slash, \\N, \\. and ü";
+    let Fact::Completed(mut export) = completed("a", 2) else { unreachable!() };
+    export.query = odd.to_owned();
+    export.caller = "\\N".to_owned();
+    let deleted =
+        Fact::Deleted(herald_envelope::ExportDeleted { job_id: "d".into(), caller: "alice".into(), deleted_at_ms: 77, version: 4 });
+    load(&db, 9, &[Fact::Completed(export), deleted]).await?;
+    let row = sqlx::query("SELECT caller, query FROM search_documents_g9 WHERE job_id = 'a'").fetch_one(db.pool()).await?;
+    assert_eq!((row.try_get::<String, _>("caller")?, row.try_get::<String, _>("query")?), ("\\N".to_owned(), odd.to_owned()));
+    let tombstone = sqlx::query("SELECT deleted_at_ms, version FROM search_documents_g9 WHERE job_id = 'd'").fetch_one(db.pool()).await?;
+    assert_eq!((tombstone.try_get::<Option<i64>, _>(0)?, tombstone.try_get::<i64, _>(1)?), (Some(77), 4));
+    let untouched = "SELECT COUNT(*) FROM search_documents_g9 WHERE deleted_at_ms IS NULL AND job_id = 'a'";
+    assert_eq!(count(&db, untouched).await?, 1, "a document's deleted_at_ms is NULL, not a value");
+
+    let refs = [&completed("a", 3), &completed("b", 1)];
+    let mut conn = sqlx::PgConnection::connect(db.url()).await?;
+    let mut tx = conn.begin().await?;
+    let plain = Search.load_pg(&mut tx, 9, &refs, WritePath::Plain).await;
+    assert!(matches!(plain, Err(HandlerError::Conflict(_))), "{plain:?}");
+    tx.rollback().await?;
+    let mut tx = conn.begin().await?;
+    Search.load_pg(&mut tx, 9, &refs, WritePath::Upsert).await?;
+    tx.commit().await?;
+    Search.seal_load(&db, 9).await?;
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 3), ("b", 1), ("d", 4)]));
     Ok(())
 }

@@ -19,6 +19,7 @@ use sqlx::{PgConnection, Row};
 use tracing::{info, warn};
 
 use super::DocumentRow;
+use super::copy_text::{COLUMNS, copy_line};
 use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
 
 /// The generation's own table: where its replay writes until the seal, and
@@ -34,10 +35,26 @@ const OVERLAPS: &str = "42P17";
 /// generations there were then.
 const LEGACY: &str = "search_documents_legacy";
 
-/// The replay's write of `rows` into the generation's own table, plainly or
-/// (`upsert`) under the version guard.
+/// The replay's write of `rows` into the generation's own table: plainly in
+/// one `COPY`, which fails as a plain insert does on a job already there
+/// (unique violation: the caller starts over with `upsert`), or under the
+/// version guard.
 pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    insert_into(tx, &table(generation), generation, rows, upsert).await
+    let table = table(generation);
+    if upsert {
+        return insert_into(tx, &table, generation, rows, true).await;
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let mut lines = Vec::with_capacity(rows.len() * 128);
+    for row in rows {
+        copy_line(&mut lines, generation, row);
+    }
+    let mut copy = tx.copy_in_raw(&format!("COPY {table} ({COLUMNS}) FROM STDIN")).await?;
+    copy.send(lines).await?;
+    copy.finish().await?;
+    Ok(())
 }
 
 /// Live traffic's write of `rows` into `generation`: into the partition

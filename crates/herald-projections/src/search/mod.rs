@@ -6,6 +6,7 @@
 //!   PostgreSQL's fast path).
 //! - `load`: on PostgreSQL, which table a native write names, and a
 //!   replay's generation loaded into a table of its own and attached.
+//! - `copy_text`: documents as `COPY` lines, how a replay loads them.
 //! - `verify`: a generation's fingerprint, and its check against the jobs
 //!   table (the projection's source of truth) for offline rebuilds.
 
@@ -18,10 +19,12 @@ use herald_store::{Backend, Db, StoreError, Tx};
 use serde::Serialize;
 use sqlx::{PgConnection, Row};
 
+mod copy_text;
 mod load;
 mod verify;
 mod write;
 
+pub use copy_text::{COLUMNS as COPY_COLUMNS, copy_line};
 pub use load::index_statements;
 pub use write::{prune_tombstones, upsert_rows};
 

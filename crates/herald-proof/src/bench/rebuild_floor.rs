@@ -15,7 +15,7 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use herald_projections::search;
+use herald_projections::search::{self, DocumentRow, Fact};
 use herald_store::Db;
 
 use super::cpu::{CpuMark, CpuUse};
@@ -23,8 +23,6 @@ use super::workload;
 
 /// The floor's table: not a generation's, never attached.
 const TABLE: &str = "bench_write_floor";
-/// The columns a replay writes (search's `UNNEST_ROWS`).
-const COLUMNS: &str = "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms";
 /// Bytes per message of the COPY stream.
 const SEND: usize = 1 << 20;
 
@@ -48,7 +46,7 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
     let text = copy_text(tag, n);
     let (started, mark) = (Instant::now(), CpuMark::now());
     let mut conn = pool.acquire().await?;
-    let mut copy = conn.copy_in_raw(&format!("COPY {TABLE} ({COLUMNS}) FROM STDIN")).await?;
+    let mut copy = conn.copy_in_raw(&format!("COPY {TABLE} ({}) FROM STDIN", search::COPY_COLUMNS)).await?;
     for chunk in text.chunks(SEND) {
         copy.send(chunk).await?;
     }
@@ -70,33 +68,15 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
     Ok(floor)
 }
 
-/// COPY's text format of `n` documents of run `tag`, one generation.
+/// COPY's text format of `n` documents of run `tag`, one generation, as a
+/// replay sends them (`search::copy_line`).
 fn copy_text(tag: &str, n: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(n * 160);
+    let mut out = Vec::with_capacity(n * 128);
     for i in 0..n {
-        let doc = workload::completion(tag, i);
-        out.extend_from_slice(b"999\t");
-        for text in [&doc.job_id, &doc.caller, &doc.format, &doc.query, &doc.result_id] {
-            escaped(&mut out, text);
-            out.push(b'\t');
-        }
-        out.extend_from_slice(format!("{}\t{}\t{}\t\\N\n", doc.size_bytes, doc.completed_at_ms, doc.version).as_bytes());
+        let row = DocumentRow::from(&Fact::Completed(workload::completion(tag, i)));
+        search::copy_line(&mut out, 999, &row);
     }
     out
-}
-
-/// `text` as a column of COPY's text format: the backslash, tab, newline and
-/// carriage return escaped, nothing else changed.
-fn escaped(out: &mut Vec<u8>, text: &str) {
-    for byte in text.bytes() {
-        match byte {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            other => out.push(other),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -104,20 +84,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn separators_inside_a_value_are_escaped() {
-        let mut out = Vec::new();
-        escaped(&mut out, "a\tb\\c\nd\re ü");
-        assert_eq!(String::from_utf8(out).unwrap(), "a\\tb\\\\c\\nd\\re ü");
-    }
-
-    #[test]
-    fn each_document_is_one_line_of_ten_columns() {
+    fn each_document_is_one_line_of_the_replay_columns() {
         let text = String::from_utf8(copy_text("t", 3)).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3);
         for line in lines {
             let columns: Vec<&str> = line.split('\t').collect();
-            assert_eq!(columns.len(), COLUMNS.split(',').count(), "{line}");
+            assert_eq!(columns.len(), search::COPY_COLUMNS.split(',').count(), "{line}");
             assert_eq!((columns[0], columns[9]), ("999", "\\N"));
         }
     }

@@ -1,0 +1,88 @@
+//! Documents in PostgreSQL's `COPY` text format, the way a replay loads a
+//! generation's own table: one line a document, columns in [`COLUMNS`]'
+//! order, tab-separated. `COPY` skips what an `INSERT … SELECT FROM
+//! UNNEST(…)` costs the server per row (parsing the arrays, planning,
+//! executing a statement's projection), which was most of what PostgreSQL
+//! spent on a replay beyond the primary key (BENCHMARKS.md, "Rebuild").
+//! No database here: `load` sends the lines.
+
+use super::DocumentRow;
+
+/// The columns of a line, as [`super::write::UNNEST_ROWS`] names them.
+pub const COLUMNS: &str = "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms";
+
+/// Appends `row` of `generation` to `out` as one line.
+pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: &DocumentRow) {
+    push_number(out, generation);
+    for text in [&row.job_id, &row.caller, &row.format, &row.query, &row.result_id] {
+        out.push(b'\t');
+        push_escaped(out, text);
+    }
+    for number in [row.size_bytes, row.completed_at_ms, row.version] {
+        out.push(b'\t');
+        push_number(out, number);
+    }
+    out.push(b'\t');
+    match row.deleted_at_ms {
+        Some(at) => push_number(out, at),
+        None => out.extend_from_slice(b"\\N"),
+    }
+    out.push(b'\n');
+}
+
+fn push_number(out: &mut Vec<u8>, number: i64) {
+    out.extend_from_slice(number.to_string().as_bytes());
+}
+
+/// `text` as one column: the backslash (COPY's escape, and so also what
+/// could spell `\N` or the end marker `\.`), tab, newline and carriage
+/// return escaped; every other byte as it is (PostgreSQL text holds no NUL).
+fn push_escaped(out: &mut Vec<u8>, text: &str) {
+    for byte in text.bytes() {
+        match byte {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            other => out.push(other),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(query: &str, deleted_at_ms: Option<i64>) -> DocumentRow {
+        DocumentRow {
+            job_id: "job-1".into(),
+            caller: "alice".into(),
+            format: "csv".into(),
+            query: query.into(),
+            result_id: "r/1.csv".into(),
+            size_bytes: 42,
+            completed_at_ms: -5,
+            version: 3,
+            deleted_at_ms,
+        }
+    }
+
+    #[test]
+    fn a_document_is_one_line_in_the_column_order() {
+        let mut out = Vec::new();
+        copy_line(&mut out, 7, &row("q", None));
+        copy_line(&mut out, 7, &row("", Some(99)));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "7\tjob-1\talice\tcsv\tq\tr/1.csv\t42\t-5\t3\t\\N\n7\tjob-1\talice\tcsv\t\tr/1.csv\t42\t-5\t3\t99\n"
+        );
+        assert_eq!(COLUMNS.split(',').count(), 10);
+    }
+
+    #[test]
+    fn separators_escapes_and_end_markers_inside_a_value_stay_data() {
+        let mut out = Vec::new();
+        push_escaped(&mut out, "a\tb\\c\nd\re \\N \\. ü");
+        assert_eq!(String::from_utf8(out).unwrap(), "a\\tb\\\\c\\nd\\re \\\\N \\\\. ü");
+    }
+}
