@@ -1,8 +1,9 @@
 //! `herald bench prune` end to end on a small scale, so the command
 //! BENCHMARKS.md reruns keeps working: both prunes must remove every old row
 //! the fill wrote (the bench fails otherwise), and the JSON carries the
-//! figures the section quotes. Batches of 10 rows keep the prune running
-//! through every "during" round (the bench fails if one ends after it).
+//! figures the section quotes. `--hold-prune` holds each prune at its last
+//! table until the "during" rounds are done (a lock, not a race: at this
+//! size the prune could otherwise end first, and the bench fails then).
 
 use std::process::Command;
 
@@ -10,12 +11,29 @@ use std::process::Command;
 fn the_prune_benchmark_runs_and_reports_its_figures() -> anyhow::Result<()> {
     let server = std::env::var(herald_testkit::DATABASE_URL_ENV)?;
     let out = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["bench", "prune", "--rows", "20000", "--events", "1000", "--prune-batch", "10", "--json", "--database", &server])
+        .args([
+            "bench",
+            "prune",
+            "--rows",
+            "20000",
+            "--events",
+            "1000",
+            "--prune-batch",
+            "10",
+            "--hold-prune",
+            "--json",
+            "--database",
+            &server,
+        ])
         .env("HERALD_LOG", "error")
         .output()?;
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     assert_eq!(figures["rows_per_prune"].as_u64(), Some(40_000), "{figures}");
+    assert_eq!(figures["prune_held"].as_bool(), Some(true), "{figures}");
+    for key in ["relay_prune_reached_hold", "consume_prune_reached_hold"] {
+        assert!(figures[key].is_boolean(), "{key} in {figures}");
+    }
     for key in [
         "relay_quiet_eps",
         "relay_during_prune_eps",

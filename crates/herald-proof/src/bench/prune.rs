@@ -48,6 +48,13 @@ pub struct PruneBenchArgs {
     /// Rows per prune batch (`herald prune --prune-batch`).
     #[arg(long, default_value_t = PruneOptions::default().batch, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub prune_batch: i64,
+    /// Hold each prune at its last kind (intake keys, which the benchmark
+    /// does not fill) until the rounds beside it end, instead of failing
+    /// when it ends first. For runs too small for their prune to outlast
+    /// the rounds (the smoke test): their "during" rounds may then run
+    /// partly beside a prune that only waits (`*_prune_reached_hold`).
+    #[arg(long)]
+    pub hold_prune: bool,
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -72,6 +79,9 @@ struct Pair {
     during_eps: Vec<f64>,
     prune_secs: f64,
     removed: u64,
+    /// With `--hold-prune`: the prune had done all else and waited at the
+    /// hold when the last round ended.
+    reached_hold: Option<bool>,
 }
 
 impl Pair {
@@ -123,7 +133,7 @@ async fn measure(args: PruneBenchArgs, url: String) -> anyhow::Result<[Pair; 2]>
         relay::insert(&db, &relay::events(relay::TOPIC, n)?).await?;
         anyhow::Ok(relay::drain(&db, &kafka, n).await?.eps())
     };
-    let relay = measure_pair(&db, pace(&args, OLD_DAYS[0] - 5), |_| relay_round()).await?;
+    let relay = measure_pair(&db, pace(&args, OLD_DAYS[0] - 5), args.hold_prune, |_| relay_round()).await?;
 
     let producer = workload::producer(&kafka)?;
     let consume_round = |round: usize| {
@@ -133,7 +143,7 @@ async fn measure(args: PruneBenchArgs, url: String) -> anyhow::Result<[Pair; 2]>
             apply(db, kafka, topic, n).await
         }
     };
-    let consume = measure_pair(&db, pace(&args, OLD_DAYS[1] - 5), consume_round).await?;
+    let consume = measure_pair(&db, pace(&args, OLD_DAYS[1] - 5), args.hold_prune, consume_round).await?;
     for pair in [&relay, &consume] {
         anyhow::ensure!(pair.removed == 2 * args.rows, "a prune removed {} rows, the fill wrote {}", pair.removed, 2 * args.rows);
     }
@@ -149,8 +159,11 @@ fn pace(args: &PruneBenchArgs, retention_days: u64) -> PruneOptions {
 
 /// `ROUNDS` rounds alone, then `ROUNDS` beside a prune; the prune is
 /// waited for after, so its own time is reported too. `round(i)` runs
-/// round `i` and returns its rate.
-async fn measure_pair<F, Fut>(db: &Db, prune: PruneOptions, mut round: F) -> anyhow::Result<Pair>
+/// round `i` and returns its rate. With `hold`, a transaction holds the
+/// last table the prune deletes from (`LOCK … IN SHARE MODE` conflicts with
+/// its `DELETE`) until the rounds are done: a gate, so the prune cannot end
+/// first however fast it is.
+async fn measure_pair<F, Fut>(db: &Db, prune: PruneOptions, hold: bool, mut round: F) -> anyhow::Result<Pair>
 where
     F: FnMut(usize) -> Fut,
     Fut: Future<Output = anyhow::Result<f64>>,
@@ -159,14 +172,38 @@ where
     for i in 0..ROUNDS {
         quiet_eps.push(round(i).await?);
     }
+    let mut gate = if hold { Some(db.begin().await?) } else { None };
+    if let Some(gate) = gate.as_mut() {
+        sqlx::query(&format!("LOCK TABLE {HELD_TABLE} IN SHARE MODE")).execute(&mut **gate).await?;
+    }
     let pruning = start_prune(db, prune);
     let mut during_eps = Vec::with_capacity(ROUNDS);
     for i in ROUNDS..2 * ROUNDS {
         during_eps.push(round(i).await?);
         anyhow::ensure!(!pruning.is_finished(), "the prune ended before round {i} did: raise --rows or lower --events");
     }
+    let reached_hold = match gate {
+        Some(gate) => {
+            let waiting = waiting_on(db, HELD_TABLE).await?;
+            gate.commit().await?;
+            Some(waiting)
+        }
+        None => None,
+    };
     let (pruned, prune_secs) = pruning.await?;
-    Ok(Pair { quiet_eps, during_eps, prune_secs, removed: removed(&pruned?) })
+    Ok(Pair { quiet_eps, during_eps, prune_secs, removed: removed(&pruned?), reached_hold })
+}
+
+/// The table of the last kind a prune deletes from (`Kind::IntakeKeys`).
+const HELD_TABLE: &str = "export_intents";
+
+/// Whether a session waits for a lock on `table`.
+async fn waiting_on(db: &Db, table: &str) -> anyhow::Result<bool> {
+    let row = sqlx::query("SELECT COUNT(*) FROM pg_locks WHERE relation = to_regclass($1) AND NOT granted")
+        .bind(table)
+        .fetch_one(db.pool())
+        .await?;
+    Ok(sqlx::Row::try_get::<i64, _>(&row, 0)? > 0)
 }
 
 fn start_prune(db: &Db, options: PruneOptions) -> JoinHandle<(Result<Pruned, herald_store::StoreError>, f64)> {
@@ -228,6 +265,8 @@ fn emit(args: &PruneBenchArgs, [relay, consume]: &[Pair; 2]) -> anyhow::Result<(
             "consume_quiet_rounds": rounds(&consume.quiet_eps), "consume_during_rounds": rounds(&consume.during_eps),
             "consume_during_vs_quiet": round(consume.ratio()), "consume_best_during_vs_quiet": round(consume.best_ratio()), "consume_prune_secs": round(consume.prune_secs),
             "target": TARGET,
+            "prune_held": args.hold_prune,
+            "relay_prune_reached_hold": relay.reached_hold, "consume_prune_reached_hold": consume.reached_hold,
             "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         });
         println!("{}", serde_json::to_string(&out)?);
@@ -257,4 +296,17 @@ fn emit(args: &PruneBenchArgs, [relay, consume]: &[Pair; 2]) -> anyhow::Result<(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use herald_store::prune::Kind;
+
+    #[test]
+    fn the_held_table_is_the_last_a_prune_deletes_from() {
+        // `--hold-prune` holds the prune's last kind: one before it would
+        // stop the prune half way and the rounds would run beside no prune.
+        assert_eq!(Kind::ALL.last(), Some(&Kind::IntakeKeys));
+        assert_eq!(super::HELD_TABLE, "export_intents");
+    }
 }
