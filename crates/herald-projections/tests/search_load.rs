@@ -14,17 +14,34 @@ use common::completed;
 use herald_consumer::{HandlerError, Projection, WritePath};
 use herald_projections::search::{self, Fact, Search};
 use herald_store::Db;
-use herald_testkit::postgres_db;
+use herald_testkit::{TestDb, postgres_db};
 use sqlx::{Connection, Row};
 
-/// The replay's write: through the native driver into the loading table.
-async fn load(db: &Db, generation: i64, facts: &[Fact]) -> anyhow::Result<()> {
+/// A migrated database with generation 9 ready to load (its own table).
+async fn loading_9() -> anyhow::Result<(TestDb, Db)> {
+    let test_db = postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    Search.prepare_load(&db, 9).await?;
+    Ok((test_db, db))
+}
+
+/// The replay's write: through the native driver into the loading table,
+/// along `path`, committed when it succeeds; the projection's own error
+/// otherwise, for the test to look at.
+async fn try_load(db: &Db, generation: i64, facts: &[Fact], path: WritePath) -> anyhow::Result<Result<(), HandlerError>> {
     let refs: Vec<&Fact> = facts.iter().collect();
     let mut conn = sqlx::PgConnection::connect(db.url()).await?;
     let mut tx = conn.begin().await?;
-    Search.load_pg(&mut tx, generation, &refs, WritePath::Plain).await?;
+    if let Err(e) = Search.load_pg(&mut tx, generation, &refs, path).await {
+        return Ok(Err(e));
+    }
     tx.commit().await?;
-    Ok(())
+    Ok(Ok(()))
+}
+
+/// The replay's plain write, which must succeed.
+async fn load(db: &Db, generation: i64, facts: &[Fact]) -> anyhow::Result<()> {
+    Ok(try_load(db, generation, facts, WritePath::Plain).await??)
 }
 
 /// Live traffic's write: the shared path into `search_documents`.
@@ -66,9 +83,7 @@ fn pairs(expected: &[(&str, i64)]) -> Vec<(String, i64)> {
 
 #[tokio::test]
 async fn a_loaded_generation_becomes_its_partition_with_live_writes_merged_postgres() -> anyhow::Result<()> {
-    let test_db = postgres_db().await?;
-    let db = Db::connect_and_migrate(&test_db.url).await?;
-    Search.prepare_load(&db, 9).await?;
+    let (_test_db, db) = loading_9().await?;
     load(&db, 9, &[completed("a", 2), completed("b", 1), completed("c", 3)]).await?;
     // Live traffic writes the generation meanwhile: an older a, a newer b, e only it has.
     live(&db, 9, &[completed("a", 1), completed("b", 5), completed("e", 1)]).await?;
@@ -163,9 +178,7 @@ async fn until_waiting(db: &Db, n: i64) -> anyhow::Result<()> {
 /// constraint once the attach committed (a dead letter in the engine).
 #[tokio::test]
 async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition_postgres() -> anyhow::Result<()> {
-    let test_db = postgres_db().await?;
-    let db = Db::connect_and_migrate(&test_db.url).await?;
-    Search.prepare_load(&db, 9).await?;
+    let (_test_db, db) = loading_9().await?;
     load(&db, 9, &[completed("a", 1)]).await?;
     live(&db, 9, &[completed("b", 1)]).await?;
 
@@ -197,9 +210,7 @@ async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition
 /// writes the batch again under the version guard, which keeps the newer).
 #[tokio::test]
 async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict_postgres() -> anyhow::Result<()> {
-    let test_db = postgres_db().await?;
-    let db = Db::connect_and_migrate(&test_db.url).await?;
-    Search.prepare_load(&db, 9).await?;
+    let (_test_db, db) = loading_9().await?;
     let odd = "tab\there, line\nbreak\r, back\\slash, \\N, \\. and ü";
     let Fact::Completed(mut export) = completed("a", 2) else { unreachable!() };
     export.query = odd.to_owned();
@@ -214,15 +225,10 @@ async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict
     let untouched = "SELECT COUNT(*) FROM search_documents_g9 WHERE deleted_at_ms IS NULL AND job_id = 'a'";
     assert_eq!(count(&db, untouched).await?, 1, "a document's deleted_at_ms is NULL, not a value");
 
-    let refs = [&completed("a", 3), &completed("b", 1)];
-    let mut conn = sqlx::PgConnection::connect(db.url()).await?;
-    let mut tx = conn.begin().await?;
-    let plain = Search.load_pg(&mut tx, 9, &refs, WritePath::Plain).await;
+    let again = [completed("a", 3), completed("b", 1)];
+    let plain = try_load(&db, 9, &again, WritePath::Plain).await?;
     assert!(matches!(plain, Err(HandlerError::Conflict(_))), "{plain:?}");
-    tx.rollback().await?;
-    let mut tx = conn.begin().await?;
-    Search.load_pg(&mut tx, 9, &refs, WritePath::Upsert).await?;
-    tx.commit().await?;
+    try_load(&db, 9, &again, WritePath::Upsert).await??;
     Search.seal_load(&db, 9).await?;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 3), ("b", 1), ("d", 4)]));
     Ok(())

@@ -129,9 +129,11 @@ async fn attached(db: &Db, table: &str) -> Result<bool, StoreError> {
     Ok(row.try_get("relispartition")?)
 }
 
-/// The parent's indexes under `table`'s own names: the trigram GIN, then the
-/// two btrees. Public so a benchmark's floor builds exactly these.
-pub fn index_statements(table: &str) -> (String, [String; 2]) {
+/// Builds the parent's indexes on `table` under its own names, the trigram
+/// GIN on one connection and the two btrees on another: PostgreSQL builds
+/// each on one core. Plain builds: nothing else writes the table before it
+/// is attached. Public so a benchmark's floor builds exactly these.
+pub async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
     let trigram = format!(
         "CREATE INDEX IF NOT EXISTS {table}_query_trgm ON {table} USING gin (lower(query) gin_trgm_ops) \
          WITH (gin_pending_list_limit = 512)"
@@ -140,14 +142,6 @@ pub fn index_statements(table: &str) -> (String, [String; 2]) {
         format!("CREATE INDEX IF NOT EXISTS {table}_by_caller ON {table} (generation, caller, completed_at_ms DESC)"),
         format!("CREATE INDEX IF NOT EXISTS {table}_tombstones ON {table} (deleted_at_ms) WHERE deleted_at_ms IS NOT NULL"),
     ];
-    (trigram, btrees)
-}
-
-/// [`index_statements`] for the loaded table, the trigram GIN on one
-/// connection and the two btrees on another: PostgreSQL builds each on one
-/// core. Plain builds: nothing else writes the table before it is attached.
-async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
-    let (trigram, btrees) = index_statements(table);
     let gin = async { sqlx::query(&trigram).execute(db.pool()).await.map(drop) };
     let others = async {
         for sql in &btrees {

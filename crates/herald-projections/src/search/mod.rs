@@ -25,7 +25,7 @@ mod verify;
 mod write;
 
 pub use copy_text::{COLUMNS as COPY_COLUMNS, copy_line};
-pub use load::index_statements;
+pub use load::build_indexes;
 pub use write::{prune_tombstones, upsert_rows};
 
 /// Subscription name, and so consumer group `herald.search`.

@@ -5,7 +5,7 @@
 //! into a table shaped like a loading generation (`search_documents`'
 //! columns, the primary key only), then the indexes a sealed generation
 //! has are built once over them, as the seal builds them
-//! (`search::index_statements`, the GIN beside the btrees). The table is the
+//! (`search::build_indexes`, the GIN beside the btrees). The table is the
 //! run's own and dropped afterwards.
 //!
 //! Added to what receiving the records costs (the raw consume, same run),
@@ -53,15 +53,7 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
     let rows = copy.finish().await?;
     drop(conn);
     anyhow::ensure!(rows == n as u64, "the write floor copied {rows} documents, expected {n}");
-    let (trigram, btrees) = search::index_statements(TABLE);
-    let gin = async { sqlx::query(&trigram).execute(&pool).await.map(drop) };
-    let others = async {
-        for sql in &btrees {
-            sqlx::query(sql).execute(&pool).await?;
-        }
-        Ok(())
-    };
-    tokio::try_join!(gin, others)?;
+    search::build_indexes(db, TABLE).await?;
     let floor = WriteFloor { secs: started.elapsed().as_secs_f64(), cpu: mark.and_then(|m| m.used()) };
     sqlx::query(&format!("DROP TABLE {TABLE}")).execute(&pool).await?;
     pool.close().await;

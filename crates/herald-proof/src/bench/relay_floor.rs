@@ -72,15 +72,27 @@ pub(crate) async fn floor_relay(db: &Db, kafka: &KafkaConfig, want: u64) -> anyh
 /// the bytes they took (a tuple still arriving stays for the next chunk).
 fn send_whole_tuples(buffer: &[u8], producer: &FutureProducer, deliveries: &mut Vec<DeliveryFuture>) -> anyhow::Result<usize> {
     let mut at = 0;
-    while let Some((fields, next)) = tuple(&buffer[at..])? {
-        at += next;
-        let Some(fields) = fields else { break };
+    while let Tuple::Row(fields, len) = tuple(&buffer[at..])? {
+        at += len;
         let event = event_of(&fields)?;
         let headers = event.to_kafka_headers_under(None)?;
         let record = FutureRecord::to(&event.topic).key(event.partition_key.as_str()).payload(&event.data).headers(headers);
         deliveries.push(producer.send_result(record).map_err(|(e, _)| e)?);
     }
+    // The trailer (or a tuple still arriving) is left in the buffer: the
+    // stream ends after it.
     Ok(at)
+}
+
+/// What the start of a buffer holds.
+#[derive(Debug, PartialEq)]
+enum Tuple<'a> {
+    /// A row's fields (`None`: NULL) and the bytes it took.
+    Row(Vec<Option<&'a [u8]>>, usize),
+    /// The trailer: no rows follow.
+    End,
+    /// Not all of the next tuple has arrived.
+    Partial,
 }
 
 /// The length of a binary COPY header at the start of `buffer`, once all of
@@ -95,30 +107,28 @@ fn header_len(buffer: &[u8]) -> anyhow::Result<Option<usize>> {
     Ok((buffer.len() >= fixed + extension).then_some(fixed + extension))
 }
 
-/// One tuple from the start of `buffer`: its fields (`None` for the
-/// trailer) and the bytes it took, or `None` until all of it arrived.
-#[allow(clippy::type_complexity)]
-fn tuple(buffer: &[u8]) -> anyhow::Result<Option<(Option<Vec<Option<&[u8]>>>, usize)>> {
-    let Some(count) = buffer.get(..2) else { return Ok(None) };
+/// The tuple at the start of `buffer`.
+fn tuple(buffer: &[u8]) -> anyhow::Result<Tuple<'_>> {
+    let Some(count) = buffer.get(..2) else { return Ok(Tuple::Partial) };
     let count = i16::from_be_bytes(count.try_into()?);
     if count == -1 {
-        return Ok(Some((None, 2)));
+        return Ok(Tuple::End);
     }
     let mut fields = Vec::with_capacity(count.max(0) as usize);
     let mut at = 2;
     for _ in 0..count {
-        let Some(len) = buffer.get(at..at + 4) else { return Ok(None) };
+        let Some(len) = buffer.get(at..at + 4) else { return Ok(Tuple::Partial) };
         let len = i32::from_be_bytes(len.try_into()?);
         at += 4;
         if len < 0 {
             fields.push(None);
             continue;
         }
-        let Some(value) = buffer.get(at..at + len as usize) else { return Ok(None) };
+        let Some(value) = buffer.get(at..at + len as usize) else { return Ok(Tuple::Partial) };
         fields.push(Some(value));
         at += len as usize;
     }
-    Ok(Some((Some(fields), at)))
+    Ok(Tuple::Row(fields, at))
 }
 
 /// The event a relay would publish for one tuple of [`COLUMNS`].
@@ -181,12 +191,10 @@ mod tests {
         field(&mut row, None);
         field(&mut row, Some(b""));
         for cut in 0..row.len() {
-            assert!(tuple(&row[..cut]).unwrap().is_none(), "read a tuple from its first {cut} bytes");
+            assert_eq!(tuple(&row[..cut]).unwrap(), Tuple::Partial, "read a tuple from its first {cut} bytes");
         }
-        let (fields, len) = tuple(&row).unwrap().unwrap();
-        assert_eq!(fields.unwrap(), vec![Some(&b"ab"[..]), None, Some(&b""[..])]);
-        assert_eq!(len, row.len());
-        assert_eq!(tuple(&(-1i16).to_be_bytes()).unwrap().map(|(f, n)| (f.is_none(), n)), Some((true, 2)));
+        assert_eq!(tuple(&row).unwrap(), Tuple::Row(vec![Some(&b"ab"[..]), None, Some(&b""[..])], row.len()));
+        assert_eq!(tuple(&(-1i16).to_be_bytes()).unwrap(), Tuple::End);
     }
 
     #[test]
