@@ -6,15 +6,15 @@
 //! spent on a replay beyond the primary key (BENCHMARKS.md, "Rebuild").
 //! No database here: `load` sends the lines.
 
-use super::DocumentRow;
+use super::DocumentRef;
 
 /// The columns of a line, as [`super::write::UNNEST_ROWS`] names them.
 pub const COLUMNS: &str = "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms";
 
 /// Appends `row` of `generation` to `out` as one line.
-pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: &DocumentRow) {
+pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: DocumentRef<'_>) {
     push_number(out, generation);
-    for text in [&row.job_id, &row.caller, &row.format, &row.query, &row.result_id] {
+    for text in [row.job_id, row.caller, row.format, row.query, row.result_id] {
         out.push(b'\t');
         push_escaped(out, text);
     }
@@ -42,28 +42,32 @@ fn push_number(out: &mut Vec<u8>, number: i64) {
 /// could spell `\N` or the end marker `\.`), tab, newline and carriage
 /// return escaped; every other byte as it is (PostgreSQL text holds no NUL).
 fn push_escaped(out: &mut Vec<u8>, text: &str) {
-    for byte in text.bytes() {
-        match byte {
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            other => out.push(other),
-        }
+    let mut rest = text.as_bytes();
+    // Runs without a byte to escape, most values whole, copied at once.
+    while let Some(at) = rest.iter().position(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r')) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(match rest[at] {
+            b'\\' => b"\\\\",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            _ => b"\\r",
+        });
+        rest = &rest[at + 1..];
     }
+    out.extend_from_slice(rest);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(query: &str, deleted_at_ms: Option<i64>) -> DocumentRow {
-        DocumentRow {
-            job_id: "job-1".into(),
-            caller: "alice".into(),
-            format: "csv".into(),
-            query: query.into(),
-            result_id: "r/1.csv".into(),
+    fn row(query: &str, deleted_at_ms: Option<i64>) -> DocumentRef<'_> {
+        DocumentRef {
+            job_id: "job-1",
+            caller: "alice",
+            format: "csv",
+            query,
+            result_id: "r/1.csv",
             size_bytes: 42,
             completed_at_ms: -5,
             version: 3,
@@ -74,8 +78,8 @@ mod tests {
     #[test]
     fn a_document_is_one_line_in_the_column_order() {
         let mut out = Vec::new();
-        copy_line(&mut out, 7, &row("q", None));
-        copy_line(&mut out, 7, &row("", Some(99)));
+        copy_line(&mut out, 7, row("q", None));
+        copy_line(&mut out, 7, row("", Some(99)));
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "7\tjob-1\talice\tcsv\tq\tr/1.csv\t42\t-5\t3\t\\N\n7\tjob-1\talice\tcsv\t\tr/1.csv\t42\t-5\t3\t99\n"

@@ -18,9 +18,9 @@ use herald_store::{Backend, Db, StoreError};
 use sqlx::{PgConnection, Row};
 use tracing::{info, warn};
 
-use super::DocumentRow;
 use super::copy_text::{COLUMNS, copy_line};
 use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
+use super::{DocumentRef, DocumentRow, Fact};
 
 /// The generation's own table: where its replay writes until the seal, and
 /// then its partition.
@@ -35,26 +35,28 @@ const OVERLAPS: &str = "42P17";
 /// generations there were then.
 const LEGACY: &str = "search_documents_legacy";
 
-/// The replay's write of `rows` into the generation's own table: plainly in
-/// one `COPY`, which fails as a plain insert does on a job already there
-/// (unique violation: the caller starts over with `upsert`), or under the
-/// version guard.
-pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
-    let table = table(generation);
-    if upsert {
-        return insert_into(tx, &table, generation, rows, true).await;
-    }
-    if rows.is_empty() {
+/// The replay's plain write of `facts` (one per job) into the generation's
+/// own table: one `COPY`, formatted from the facts, which fails as a plain
+/// insert does on a job already there (unique violation: the caller starts
+/// over with [`write`] under the version guard).
+pub(super) async fn copy(tx: &mut PgConnection, generation: i64, facts: &[&Fact]) -> Result<(), sqlx::Error> {
+    if facts.is_empty() {
         return Ok(());
     }
-    let mut lines = Vec::with_capacity(rows.len() * 128);
-    for row in rows {
-        copy_line(&mut lines, generation, row);
+    let mut lines = Vec::with_capacity(facts.len() * 128);
+    for fact in facts {
+        copy_line(&mut lines, generation, DocumentRef::from(*fact));
     }
-    let mut copy = tx.copy_in_raw(&format!("COPY {table} ({COLUMNS}) FROM STDIN")).await?;
+    let mut copy = tx.copy_in_raw(&format!("COPY {} ({COLUMNS}) FROM STDIN", table(generation))).await?;
     copy.send(lines).await?;
     copy.finish().await?;
     Ok(())
+}
+
+/// The replay's write of `rows` into the generation's own table in one
+/// statement: `upsert` under the version guard, else plainly.
+pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
+    insert_into(tx, &table(generation), generation, rows, upsert).await
 }
 
 /// Live traffic's write of `rows` into `generation`: into the partition

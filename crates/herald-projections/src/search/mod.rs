@@ -10,8 +10,6 @@
 //! - `verify`: a generation's fingerprint, and its check against the jobs
 //!   table (the projection's source of truth) for offline rebuilds.
 
-use std::collections::BTreeMap;
-
 use herald_consumer::{Fingerprint, HandlerError, Projection, WritePath};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
 use herald_store::delivered::Settled;
@@ -53,8 +51,7 @@ impl Projection for Search {
     }
 
     async fn write(&self, tx: &mut Tx<'_>, generation: i64, facts: &[&Fact]) -> Result<(), HandlerError> {
-        let facts = newest_per_job(facts.iter().map(|f| (*f).clone()));
-        Ok(write::write(tx, generation, &facts).await?)
+        Ok(write::write(tx, generation, &newest_per_job(facts.iter().copied())).await?)
     }
 
     async fn write_pg(
@@ -69,7 +66,15 @@ impl Projection for Search {
     }
 
     async fn load_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
-        write_pg_rows(facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
+        match path {
+            // The replay's common case, formatted from the facts themselves.
+            WritePath::Plain => {
+                load::copy(tx, generation, &newest_per_job(facts.iter().copied())).await.map_err(HandlerError::from_plain_write)
+            }
+            WritePath::Upsert => {
+                write_pg_rows(facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
+            }
+        }
     }
 
     async fn prepare_load(&self, db: &Db, generation: i64) -> Result<(), StoreError> {
@@ -96,7 +101,7 @@ where
     W: FnOnce(Vec<DocumentRow>, bool) -> F,
     F: std::future::Future<Output = Result<(), sqlx::Error>>,
 {
-    let rows: Vec<DocumentRow> = newest_per_job(facts.iter().map(|f| (*f).clone())).iter().map(DocumentRow::from).collect();
+    let rows: Vec<DocumentRow> = newest_per_job(facts.iter().copied()).into_iter().map(DocumentRow::from).collect();
     match path {
         WritePath::Plain => write(rows, false).await.map_err(HandlerError::from_plain_write),
         WritePath::Upsert => write(rows, true).await.map_err(|e| HandlerError::from(StoreError::from(e))),
@@ -144,18 +149,14 @@ impl Fact {
 }
 
 /// One fact per job: the newest business version among `facts` (one
-/// statement may not touch the same row twice on PostgreSQL).
-pub fn newest_per_job(facts: impl IntoIterator<Item = Fact>) -> Vec<Fact> {
-    let mut newest: BTreeMap<String, Fact> = BTreeMap::new();
-    for fact in facts {
-        match newest.get(fact.job_id()) {
-            Some(seen) if seen.version() >= fact.version() => {}
-            _ => {
-                newest.insert(fact.job_id().to_owned(), fact);
-            }
-        }
-    }
-    newest.into_values().collect()
+/// statement may not touch the same row twice on PostgreSQL), of equal
+/// versions the first; in job order.
+pub fn newest_per_job<'a>(facts: impl IntoIterator<Item = &'a Fact>) -> Vec<&'a Fact> {
+    let mut newest: Vec<&Fact> = facts.into_iter().collect();
+    // Stable: of a job's equal versions the first seen stays first.
+    newest.sort_by(|a, b| a.job_id().cmp(b.job_id()).then(b.version().cmp(&a.version())));
+    newest.dedup_by(|later, kept| later.job_id() == kept.job_id());
+    newest
 }
 
 /// One row of `search_documents`: a document, or a tombstone (`deleted_at_ms`
@@ -174,32 +175,85 @@ pub struct DocumentRow {
     pub deleted_at_ms: Option<i64>,
 }
 
-impl From<&Fact> for DocumentRow {
-    fn from(fact: &Fact) -> DocumentRow {
+/// A row of `search_documents` borrowed from the fact it is made of: what a
+/// replay formats for `COPY` without copying the fact's text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DocumentRef<'a> {
+    pub job_id: &'a str,
+    pub caller: &'a str,
+    pub format: &'a str,
+    pub query: &'a str,
+    pub result_id: &'a str,
+    pub size_bytes: i64,
+    pub completed_at_ms: i64,
+    pub version: i64,
+    pub deleted_at_ms: Option<i64>,
+}
+
+impl<'a> From<&'a Fact> for DocumentRef<'a> {
+    fn from(fact: &'a Fact) -> DocumentRef<'a> {
         match fact {
-            Fact::Completed(c) => DocumentRow {
-                job_id: c.job_id.clone(),
-                caller: c.caller.clone(),
-                format: c.format.clone(),
-                query: c.query.clone(),
-                result_id: c.result_id.clone(),
+            Fact::Completed(c) => DocumentRef {
+                job_id: &c.job_id,
+                caller: &c.caller,
+                format: &c.format,
+                query: &c.query,
+                result_id: &c.result_id,
                 size_bytes: c.size_bytes,
                 completed_at_ms: c.completed_at_ms,
                 version: c.version,
                 deleted_at_ms: None,
             },
-            Fact::Deleted(d) => DocumentRow {
-                job_id: d.job_id.clone(),
-                caller: d.caller.clone(),
-                format: String::new(),
-                query: String::new(),
-                result_id: String::new(),
+            Fact::Deleted(d) => DocumentRef {
+                job_id: &d.job_id,
+                caller: &d.caller,
+                format: "",
+                query: "",
+                result_id: "",
                 size_bytes: 0,
                 completed_at_ms: 0,
                 version: d.version,
                 deleted_at_ms: Some(d.deleted_at_ms),
             },
         }
+    }
+}
+
+impl<'a> From<&'a DocumentRow> for DocumentRef<'a> {
+    fn from(row: &'a DocumentRow) -> DocumentRef<'a> {
+        DocumentRef {
+            job_id: &row.job_id,
+            caller: &row.caller,
+            format: &row.format,
+            query: &row.query,
+            result_id: &row.result_id,
+            size_bytes: row.size_bytes,
+            completed_at_ms: row.completed_at_ms,
+            version: row.version,
+            deleted_at_ms: row.deleted_at_ms,
+        }
+    }
+}
+
+impl From<DocumentRef<'_>> for DocumentRow {
+    fn from(row: DocumentRef<'_>) -> DocumentRow {
+        DocumentRow {
+            job_id: row.job_id.to_owned(),
+            caller: row.caller.to_owned(),
+            format: row.format.to_owned(),
+            query: row.query.to_owned(),
+            result_id: row.result_id.to_owned(),
+            size_bytes: row.size_bytes,
+            completed_at_ms: row.completed_at_ms,
+            version: row.version,
+            deleted_at_ms: row.deleted_at_ms,
+        }
+    }
+}
+
+impl From<&Fact> for DocumentRow {
+    fn from(fact: &Fact) -> DocumentRow {
+        DocumentRef::from(fact).into()
     }
 }
 
@@ -330,8 +384,8 @@ mod tests {
 
     #[test]
     fn the_newest_version_wins_whatever_the_order() {
-        let facts = newest_per_job([deleted("a", 3), completed("a", 2), completed("b", 2), completed("b", 4)]);
-        assert_eq!(facts, vec![deleted("a", 3), completed("b", 4)]);
+        let facts = [completed("b", 2), deleted("a", 3), completed("a", 2), completed("b", 4), deleted("b", 4)];
+        assert_eq!(newest_per_job(&facts), vec![&deleted("a", 3), &completed("b", 4)], "in job order; of equal versions the first");
     }
 
     #[test]

@@ -14,8 +14,8 @@ use super::{DocumentRow, Fact};
 pub(super) const TABLE: &str = "search_documents";
 
 /// Writes `facts` (at most one per job) into `generation`.
-pub(super) async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[Fact]) -> Result<(), StoreError> {
-    let rows: Vec<DocumentRow> = facts.iter().map(DocumentRow::from).collect();
+pub(super) async fn write(tx: &mut Tx<'_>, generation: i64, facts: &[&Fact]) -> Result<(), StoreError> {
+    let rows: Vec<DocumentRow> = facts.iter().map(|f| DocumentRow::from(*f)).collect();
     upsert_rows(tx, generation, &rows).await
 }
 

@@ -17,6 +17,7 @@
 mod broker;
 pub mod consume;
 mod cpu;
+mod decode_floor;
 mod latency;
 mod latency_observer;
 mod latency_parts;

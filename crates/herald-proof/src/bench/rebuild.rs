@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use super::broker::BenchBroker;
 use super::consume::{raw_consume, raw_insert, timed_search_subscription};
 use super::cpu::{CpuMark, CpuUse};
+use super::decode_floor::{DecodeCost, decode_cost};
 use super::rebuild_floor::{WriteFloor, write_floor};
 use super::workload;
 use crate::scratch::on_scratch_postgres;
@@ -66,6 +67,8 @@ const TARGET_EPS: f64 = 200_000.0;
 const TARGET_VS_RAW_INSERT: f64 = 1.5;
 /// Events generated and published at a time (bounds the memory of the run).
 const CHUNK: usize = 100_000;
+/// Records whose decoding is timed apart from any receiving.
+const DECODE_SAMPLE: usize = 100_000;
 
 struct Figures {
     publish_eps: f64,
@@ -74,12 +77,16 @@ struct Figures {
     /// CPU of the replay phase, the whole machine's and this process's.
     rebuild_cpu: Option<CpuUse>,
     rebuild_total_secs: f64,
+    /// Of the replay phase, the seconds spent building the loaded generation's indexes.
+    rebuild_index_secs: Option<f64>,
     raw_insert_eps: f64,
     raw_consume_eps: f64,
     /// CPU of the raw consume: what receiving the records costs before any decoding or writing.
     raw_consume_cpu: Option<CpuUse>,
     /// The server's cheapest write of the same documents (`rebuild_floor`).
     write_floor: WriteFloor,
+    /// Decoding a record, the replay's way and the least any reader does (`decode_floor`).
+    decode: DecodeCost,
     /// Where the records were: the mock cluster or a bootstrap list.
     broker: String,
 }
@@ -130,12 +137,15 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let raw_consume_eps = raw_consume(&kafka, &topics.events, n).await?;
     let raw_consume_cpu = mark.and_then(|m| m.used());
     eprintln!("raw consume: {raw_consume_eps:.0}/s");
+    let decode = decode_cost(&events(&topics.events, &run, 0, n.min(DECODE_SAMPLE))?)?;
+    eprintln!("decode: {:.2} µs/record the replay's way, {:.2} at least", decode.herald_us, decode.floor_us);
 
     let group_prefix = format!("bench-{run}");
     let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n).await?;
     eprintln!("live search subscription: {live_consume_eps:.0}/s");
 
-    let (rebuild_eps, rebuild_cpu, rebuild_total_secs) = replay(&db, &kafka, &topics.events, args).await?;
+    let Replay { eps: rebuild_eps, cpu: rebuild_cpu, total_secs: rebuild_total_secs, index_secs: rebuild_index_secs } =
+        replay(&db, &kafka, &topics.events, args).await?;
     eprintln!("rebuild replay: {rebuild_eps:.0}/s");
 
     let mut raw_secs = 0.0;
@@ -157,10 +167,12 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
         rebuild_eps,
         rebuild_cpu,
         rebuild_total_secs,
+        rebuild_index_secs,
         raw_insert_eps,
         raw_consume_eps,
         raw_consume_cpu,
         write_floor,
+        decode,
         broker: described,
     })
 }
@@ -181,6 +193,9 @@ async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &
 struct Clock {
     replay_started: Option<Instant>,
     replay_ended: Option<Instant>,
+    /// When the loaded generation's indexes began to be built: the replay's
+    /// wall time splits into loading and indexing.
+    indexing_started: Option<Instant>,
     replayed: u64,
     cpu_from: Option<CpuMark>,
     cpu: Option<CpuUse>,
@@ -194,6 +209,7 @@ impl Progress for Clock {
         } else if message.contains("indexing") {
             // The loaded generation is not readable before its indexes:
             // their build counts as replay time.
+            self.indexing_started = Some(Instant::now());
         } else if self.replay_started.is_some() && self.replay_ended.is_none() {
             self.replay_ended = Some(Instant::now());
             self.cpu = self.cpu_from.and_then(|m| m.used());
@@ -205,8 +221,15 @@ impl Progress for Clock {
     }
 }
 
-/// The replay phase's events/s and CPU, and the whole rebuild's seconds.
-async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<(f64, Option<CpuUse>, f64)> {
+/// The replay phase's events/s, CPU and index build, and the whole rebuild's seconds.
+struct Replay {
+    eps: f64,
+    cpu: Option<CpuUse>,
+    total_secs: f64,
+    index_secs: Option<f64>,
+}
+
+async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchArgs) -> anyhow::Result<Replay> {
     let options = RebuildOptions {
         kafka: kafka.clone(),
         topic: topic.to_owned(),
@@ -220,7 +243,12 @@ async fn replay(db: &Db, kafka: &KafkaConfig, topic: &str, args: &RebuildBenchAr
     let total = started.elapsed().as_secs_f64();
     anyhow::ensure!(report.switched && report.documents == Some(i64::from(args.events)), "rebuild did not end as expected: {report:?}");
     let (Some(t0), Some(t1)) = (clock.replay_started, clock.replay_ended) else { anyhow::bail!("replay phase not seen") };
-    Ok((clock.replayed as f64 / (t1 - t0).as_secs_f64(), clock.cpu, total))
+    Ok(Replay {
+        eps: clock.replayed as f64 / (t1 - t0).as_secs_f64(),
+        cpu: clock.cpu,
+        total_secs: total,
+        index_secs: clock.indexing_started.map(|i| (t1 - i).as_secs_f64()),
+    })
 }
 
 impl Figures {
@@ -234,6 +262,7 @@ impl Figures {
             "raw_insert_eps": self.raw_insert_eps.round(),
             "publish_eps": self.publish_eps.round(),
             "rebuild_total_secs": (self.rebuild_total_secs * 10.0).round() / 10.0,
+            "rebuild_index_secs": self.rebuild_index_secs.map(round2),
             "rebuild_vs_live": round2(self.rebuild_eps / self.live_consume_eps),
             "rebuild_vs_raw_insert": round2(self.rebuild_eps / self.raw_insert_eps),
             "target_eps": TARGET_EPS,
@@ -241,8 +270,12 @@ impl Figures {
             "rebuild_cpu": self.rebuild_cpu.map(|c| c.to_json(u64::from(args.events))),
             "raw_consume_cpu": self.raw_consume_cpu.map(|c| c.to_json(u64::from(args.events))),
             "write_floor_eps": (f64::from(args.events) / self.write_floor.secs).round(),
+            "write_floor_index_secs": round2(self.write_floor.index_secs),
             "write_floor_cpu": self.write_floor.cpu.map(|c| c.to_json(u64::from(args.events))),
-            "replay_ceiling_eps": self.replay_ceiling_eps(u64::from(args.events)).map(f64::round),
+            "replay_ceiling_eps": self.replay_ceiling_eps(u64::from(args.events), 0.0).map(f64::round),
+            "herald_decode_us": round2(self.decode.herald_us),
+            "decode_floor_us": round2(self.decode.floor_us),
+            "replay_ceiling_decoded_eps": self.replay_ceiling_eps(u64::from(args.events), self.decode.floor_us).map(f64::round),
         })
     }
 
@@ -264,14 +297,24 @@ impl Figures {
             self.rebuild_total_secs,
             self.publish_eps
         );
+        if let Some(secs) = self.rebuild_index_secs {
+            println!("  building the indexes took {secs:.2} s of the replay, {:.2} s of the write floor", self.write_floor.index_secs);
+        }
         let events = u64::from(args.events);
         for (name, cpu) in [("raw consume", self.raw_consume_cpu), ("replay", self.rebuild_cpu), ("write floor", self.write_floor.cpu)] {
             let Some(cpu) = cpu else { continue };
             println!("  {}", cpu.line(name, events, "this process with the mock cluster", "others: PostgreSQL"));
         }
-        if let Some(ceiling) = self.replay_ceiling_eps(events) {
+        println!(
+            "  decoding one record, one thread: {:.2} µs the replay's way, {:.2} µs at least (headers as text, the Avro datum parsed)",
+            self.decode.herald_us, self.decode.floor_us
+        );
+        if let (Some(ceiling), Some(decoded)) =
+            (self.replay_ceiling_eps(events, 0.0), self.replay_ceiling_eps(events, self.decode.floor_us))
+        {
             println!(
-                "  receiving and writing at their cheapest with every core busy, a replay could reach at most {ceiling:.0} events/s here"
+                "  receiving and writing at their cheapest with every core busy, a replay could reach at most {ceiling:.0} events/s here; \
+                 decoding at its least too, {decoded:.0}"
             );
         }
     }
@@ -281,11 +324,12 @@ impl Figures {
     }
 
     /// The most any replay could reach on this machine: every core busy on
-    /// nothing but receiving the records (the raw consume's CPU per event)
-    /// and the server's cheapest write of the documents (the write floor's).
-    fn replay_ceiling_eps(&self, events: u64) -> Option<f64> {
+    /// nothing but receiving the records (the raw consume's CPU per event),
+    /// `decode_us` per record, and the server's cheapest write of the
+    /// documents (the write floor's).
+    fn replay_ceiling_eps(&self, events: u64, decode_us: f64) -> Option<f64> {
         let (receive, write) = (self.raw_consume_cpu?, self.write_floor.cpu?);
-        let per_event = receive.us_per_event(events) + write.us_per_event(events);
+        let per_event = receive.us_per_event(events) + decode_us + write.us_per_event(events);
         Some(write.cpus as f64 * 1e6 / per_event.max(f64::MIN_POSITIVE))
     }
 }
