@@ -219,22 +219,6 @@ impl<'a> From<&'a Fact> for DocumentRef<'a> {
     }
 }
 
-impl<'a> From<&'a DocumentRow> for DocumentRef<'a> {
-    fn from(row: &'a DocumentRow) -> DocumentRef<'a> {
-        DocumentRef {
-            job_id: &row.job_id,
-            caller: &row.caller,
-            format: &row.format,
-            query: &row.query,
-            result_id: &row.result_id,
-            size_bytes: row.size_bytes,
-            completed_at_ms: row.completed_at_ms,
-            version: row.version,
-            deleted_at_ms: row.deleted_at_ms,
-        }
-    }
-}
-
 impl From<DocumentRef<'_>> for DocumentRow {
     fn from(row: DocumentRef<'_>) -> DocumentRow {
         DocumentRow {
