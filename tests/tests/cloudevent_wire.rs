@@ -7,8 +7,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
+use apache_avro::Schema;
+use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value as Avro;
-use apache_avro::{Schema, from_avro_datum};
 use common::{ALICE, Broker, Database, export_body};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -51,7 +52,7 @@ async fn completion_record_is_a_binary_mode_cloudevent_with_avro_data() -> anyho
     let text = std::fs::read_to_string(format!("{}/../schemas/{file}", env!("CARGO_MANIFEST_DIR")))?;
     let schema = Schema::parse_str(&text)?;
     let mut payload = msg.payload().expect("payload");
-    let datum = from_avro_datum(&schema, &mut payload, None)?;
+    let datum = GenericDatumReader::builder(&schema).build()?.read_value(&mut payload)?;
     assert!(payload.is_empty(), "exactly one datum");
     let Avro::Record(fields) = datum else { panic!("not a record: {datum:?}") };
     let field = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());

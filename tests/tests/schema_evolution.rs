@@ -8,7 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use apache_avro::types::Value as Avro;
-use apache_avro::{Schema, to_avro_datum, to_value};
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::{Schema, to_value};
 use chrono::Utc;
 use herald::bench::workload;
 use herald::subscriptions::{self, Name};
@@ -117,7 +118,7 @@ fn v3_event(topic: &str, data: &ExportCompleted) -> anyhow::Result<OutboxEvent> 
     fields.push(("row_count".into(), Avro::Long(10)));
     let mut event = OutboxEvent::new(topic, &data.job_id, data, Utc::now())?;
     event.schema_file = V3_FILE.to_owned();
-    event.data = to_avro_datum(&schema, Avro::Record(fields))?;
+    event.data = GenericDatumWriter::builder(&schema).build()?.write_value_to_vec(Avro::Record(fields))?;
     event.partition_key = "one-partition".into();
     Ok(event)
 }

@@ -246,13 +246,10 @@ fn incompatibilities(writer: &Schema, reader: &Schema) -> Vec<Incompatibility> {
     };
     let mut found = Vec::new();
     for field in &r.fields {
-        let single = Schema::Record(RecordSchema {
-            fields: vec![apache_avro::schema::RecordField { position: 0, ..field.clone() }],
-            lookup: BTreeMap::from([(field.name.clone(), 0)]),
-            ..r.clone()
-        });
+        let single =
+            Schema::Record(RecordSchema { fields: vec![field.clone()], lookup: BTreeMap::from([(field.name.clone(), 0)]), ..r.clone() });
         match SchemaCompatibility::can_read(writer, &single) {
-            Ok(()) => {}
+            Ok(_) => {}
             Err(CompatibilityError::MissingDefaultValue(name)) => found.push(Incompatibility::NoDefault { field: name }),
             Err(CompatibilityError::FieldTypeMismatch(name, _)) => {
                 let writer_type = w.lookup.get(&name).map(|&i| w.fields[i].schema.canonical_form()).unwrap_or_default();

@@ -1,7 +1,11 @@
 //! Typed event data and its Avro binary codec (one datum, no container header).
 
-use apache_avro::{Schema, from_avro_datum, from_value, to_avro_datum, to_value};
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::{Schema, from_value, to_value};
+use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -31,7 +35,8 @@ pub trait EventData: Serialize + DeserializeOwned {
         let schema = schema::by_file(Self::SCHEMA_FILE)?;
         let err = |reason: String| EnvelopeError::Data { schema: Self::SCHEMA_FILE.to_owned(), reason };
         let value = to_value(self).map_err(|e| err(e.to_string()))?;
-        to_avro_datum(schema, value).map_err(|e| err(e.to_string()))
+        let writer = GenericDatumWriter::builder(schema).build().map_err(|e| err(e.to_string()))?;
+        writer.write_value_to_vec(value).map_err(|e| err(e.to_string()))
     }
 
     /// Decodes `bytes` written with `writer_file` (a schema compiled into
@@ -46,22 +51,29 @@ pub trait EventData: Serialize + DeserializeOwned {
     /// default, numbers promote).
     fn from_avro_with(writer: &Schema, writer_file: &str, bytes: &[u8]) -> Result<Self, EnvelopeError> {
         bound_allocations();
-        // Resolution is only needed across schema versions, and it is costly
-        // (it walks both schemas on every call): skip it for the same file.
-        // (A registry never replaces an embedded file, so same name, same schema.)
-        let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
         let err = |reason: String| EnvelopeError::Data { schema: writer_file.to_owned(), reason };
-        let mut input = bytes;
         let named = |e: apache_avro::Error| match failing_field(writer, bytes) {
             Some(field) => err(format!("field `{field}`: {e}")),
             None => err(e.to_string()),
         };
-        let value = from_avro_datum(writer, &mut input, reader).map_err(named)?;
+        let mut input = bytes;
+        let data: Self = if writer_file == Self::SCHEMA_FILE {
+            // The same schema both sides (the common case): straight into
+            // `Self`, with the writer resolved once per process.
+            match embedded_reader(writer, writer_file) {
+                Some(reader) => reader.read_deser(&mut input).map_err(named)?,
+                None => datum_reader(writer, None).map_err(named)?.read_deser(&mut input).map_err(named)?,
+            }
+        } else {
+            // Across versions: Avro schema resolution into this type's schema.
+            let reader = schema::by_file(Self::SCHEMA_FILE)?;
+            let value = datum_reader(writer, Some(reader)).map_err(named)?.read_value(&mut input).map_err(named)?;
+            // A string cut short by the end of input arrives here as null.
+            from_value(&value).map_err(named)?
+        };
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
         }
-        // A string cut short by the end of input arrives here as null.
-        let data: Self = from_value(&value).map_err(named)?;
         data.check_ranges().map_err(|e| EnvelopeError::OutOfRange {
             schema: writer_file.to_owned(),
             field: e.field,
@@ -116,12 +128,31 @@ fn failing_field(writer: &Schema, bytes: &[u8]) -> Option<String> {
     record
         .fields
         .iter()
-        .find(|f| match from_avro_datum(&f.schema, &mut input, None) {
+        .find(|f| match datum_reader(&f.schema, None).and_then(|reader| reader.read_value(&mut input)) {
             Err(_) => true,
             Ok(apache_avro::types::Value::Null) => !matches!(f.schema, Schema::Null | Schema::Union(_)),
             Ok(_) => false,
         })
         .map(|f| f.name.clone())
+}
+
+/// A reader of data written with `writer`, resolved into `reader` if given.
+/// Building one resolves the schemas' names, which costs more than reading
+/// a small datum: the hot path keeps one per embedded schema instead.
+pub(crate) fn datum_reader<'s>(writer: &'s Schema, reader: Option<&'s Schema>) -> Result<GenericDatumReader<'s>, apache_avro::Error> {
+    GenericDatumReader::builder(writer).maybe_reader_schema(reader).build()
+}
+
+/// The process's reader of `file` when `writer` is the schema compiled into
+/// this build under that name (a registry shares those, and never replaces
+/// them); `None` for a schema deployed after the build.
+pub(crate) fn embedded_reader(writer: &Schema, file: &str) -> Option<&'static GenericDatumReader<'static>> {
+    static READERS: OnceLock<BTreeMap<&'static str, GenericDatumReader<'static>>> = OnceLock::new();
+    let readers = READERS.get_or_init(|| {
+        schema::FILES.iter().filter_map(|(file, _)| Some((*file, datum_reader(schema::by_file(file).ok()?, None).ok()?))).collect()
+    });
+    let embedded = schema::by_file(file).ok()?;
+    if std::ptr::eq(embedded, writer) { readers.get(file) } else { None }
 }
 
 /// `herald.export.requested`: the command a worker acts on.
@@ -360,5 +391,23 @@ mod tests {
         let mut bytes = completed().to_avro().unwrap();
         bytes.push(0);
         assert!(ExportCompleted::from_avro(ExportCompleted::SCHEMA_FILE, &bytes).is_err());
+    }
+
+    /// The resolved reader is kept for the schemas of this build only: a
+    /// schema parsed elsewhere (deployed after the build) under an embedded
+    /// name gets its own reader, and reads the same.
+    #[test]
+    fn the_kept_reader_is_the_embedded_schemas_and_another_reads_the_same() {
+        let file = ExportCompleted::SCHEMA_FILE;
+        let registry = crate::Registry::embedded();
+        let shared = registry.get(file).unwrap();
+        assert!(embedded_reader(shared, file).is_some());
+        let text = schema::FILES.iter().find(|(f, _)| *f == file).unwrap().1;
+        let parsed = Schema::parse_str(text).unwrap();
+        assert!(embedded_reader(&parsed, file).is_none());
+        assert!(embedded_reader(shared, ExportCompletedV1::SCHEMA_FILE).is_none(), "the name must match the schema");
+        let bytes = completed().to_avro().unwrap();
+        assert_eq!(ExportCompleted::from_avro_with(&parsed, file, &bytes).unwrap(), completed());
+        assert_eq!(ExportCompleted::from_avro_with(shared, file, &bytes).unwrap(), completed());
     }
 }

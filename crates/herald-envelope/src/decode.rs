@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use apache_avro::Schema;
 use chrono::{DateTime, Utc};
-use cloudevents::binding::rdkafka::record_to_event;
-use cloudevents::event::ExtensionValue;
-use cloudevents::{AttributesReader, Data, Event};
 use rdkafka::message::Message;
 
+use crate::binary::{self, Attributes};
 use crate::event::{AVRO_CONTENT_TYPE, JSON_CONTENT_TYPE};
 use crate::event::{TRACEPARENT, TRACESTATE};
 use crate::{EnvelopeError, EventData, EventKey, Registry, TraceContext, schema};
@@ -52,7 +50,8 @@ impl DecodedEvent {
         let Some(writer) = &self.writer else { return self.json_as() };
         crate::data::bound_allocations();
         let err = |reason: String| EnvelopeError::Data { schema: self.schema_file.clone(), reason };
-        let value = apache_avro::from_avro_datum(writer, &mut &self.data[..], None).map_err(|e| err(e.to_string()))?;
+        let reader = crate::data::datum_reader(writer, None).map_err(|e| err(e.to_string()))?;
+        let value = reader.read_value(&mut &self.data[..]).map_err(|e| err(e.to_string()))?;
         serde_json::Value::try_from(value).map_err(|e| err(e.to_string()))
     }
 
@@ -75,106 +74,69 @@ pub fn decode_record(msg: &impl Message) -> Result<DecodedEvent, EnvelopeError> 
 /// Decodes a Kafka record in CloudEvents binary mode; its `dataschema` must
 /// name a schema of `registry`, or the error is `unknown schema <file>`.
 pub fn decode_record_with(msg: &impl Message, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
-    refuse_what_the_binding_panics_on(msg)?;
-    let event = record_to_event(msg).map_err(|e| EnvelopeError::NotCloudEvent(e.to_string()))?;
-    validate(event, registry)
+    validate(binary::attributes(msg)?, msg.payload(), registry)
 }
 
-fn validate(event: Event, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
-    let id = non_empty("id", event.id())?;
-    let source = non_empty("source", event.source().as_str())?;
-    let event_type = non_empty("type", event.ty())?;
-    let (schema_file, writer, data) = match event.datacontenttype() {
+fn validate(attributes: Attributes<'_>, payload: Option<&[u8]>, registry: &Registry) -> Result<DecodedEvent, EnvelopeError> {
+    let id = non_empty("id", attributes.id)?;
+    let source = non_empty("source", attributes.source)?;
+    let event_type = non_empty("type", attributes.ty)?;
+    let (schema_file, writer, data) = match attributes.datacontenttype {
         Some(AVRO_CONTENT_TYPE) => {
-            let dataschema = event.dataschema().ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
-            let schema_file = schema::file_of_dataschema(dataschema.as_str())?.to_owned();
+            let dataschema = attributes.dataschema.as_deref().ok_or(EnvelopeError::MissingAttribute("dataschema"))?;
+            let schema_file = schema::file_of_dataschema(dataschema)?.to_owned();
             let writer = registry.get(&schema_file)?.clone();
-            let data = match event.data() {
-                Some(Data::Binary(bytes)) => bytes.clone(),
-                Some(_) => return Err(invalid("data", "expected binary Avro data".to_owned())),
-                None => return Err(EnvelopeError::MissingAttribute("data")),
-            };
+            let data = payload.ok_or(EnvelopeError::MissingAttribute("data"))?.to_vec();
             (schema_file, Some(writer), data)
         }
-        Some(JSON_CONTENT_TYPE) => (String::new(), None, json_data(&event)?),
+        Some(JSON_CONTENT_TYPE) => (String::new(), None, json_data(payload)?),
         Some(other) => {
             return Err(invalid("datacontenttype", format!("`{other}`, expected `{AVRO_CONTENT_TYPE}` or `{JSON_CONTENT_TYPE}`")));
         }
         None => return Err(EnvelopeError::MissingAttribute("datacontenttype")),
     };
+    let extension = |name: &str| attributes.extensions.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    let trace = extension(TRACEPARENT).and_then(|parent| TraceContext::parse(parent, extension(TRACESTATE)));
+    let extensions = attributes
+        .extensions
+        .iter()
+        .filter(|(name, _)| *name != TRACEPARENT && *name != TRACESTATE)
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
     Ok(DecodedEvent {
         key: EventKey { source, id },
         event_type,
-        subject: event.subject().map(str::to_owned),
-        time: event.time().copied(),
+        subject: attributes.subject.map(str::to_owned),
+        time: attributes.time,
         schema_file,
         writer,
         data,
-        trace: trace_of(&event),
-        extensions: extensions_of(&event),
+        trace,
+        extensions,
     })
-}
-
-/// Extension attributes other than trace context, as text.
-fn extensions_of(event: &Event) -> BTreeMap<String, String> {
-    event
-        .iter_extensions()
-        .filter(|(name, _)| *name != TRACEPARENT && *name != TRACESTATE)
-        .map(|(name, value)| (name.to_owned(), value.to_string()))
-        .collect()
 }
 
 /// The bytes of JSON data, checked to be one JSON value (a record whose
 /// data is not what its content type says is refused, like bad Avro).
-fn json_data(event: &Event) -> Result<Vec<u8>, EnvelopeError> {
-    let bytes = match event.data() {
-        Some(Data::Binary(bytes)) => bytes.clone(),
-        Some(Data::Json(value)) => serde_json::to_vec(value).map_err(|e| invalid("data", e.to_string()))?,
-        Some(Data::String(text)) => text.clone().into_bytes(),
-        None => return Err(EnvelopeError::MissingAttribute("data")),
-    };
-    serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).map_err(|e| invalid("data", format!("not JSON: {e}")))?;
-    Ok(bytes)
+fn json_data(payload: Option<&[u8]>) -> Result<Vec<u8>, EnvelopeError> {
+    let bytes = payload.ok_or(EnvelopeError::MissingAttribute("data"))?;
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| invalid("data", format!("not JSON: {e}")))?;
+    Ok(bytes.to_vec())
 }
 
-/// The distributed-tracing extension of `event`, if well formed.
-pub(crate) fn trace_of(event: &Event) -> Option<TraceContext> {
-    let text = |name| match event.extension(name) {
-        Some(ExtensionValue::String(s)) => Some(s.as_str()),
-        _ => None,
-    };
-    TraceContext::parse(text(TRACEPARENT)?, text(TRACESTATE))
-}
-
-/// cloudevents-sdk 0.9's rdkafka binding unwraps where a record can hold
-/// nothing: a header without a value, and the value of a structured-mode
-/// record. Both were found by the property tests; a panic there would stop a
-/// subscription on one hostile record, so they are refused before the binding
-/// sees them. Herald writes binary mode only, so structured mode is refused
-/// whole.
-fn refuse_what_the_binding_panics_on(msg: &impl Message) -> Result<(), EnvelopeError> {
-    use rdkafka::message::Headers;
-    let Some(headers) = msg.headers() else {
-        return Ok(());
-    };
-    for h in headers.iter() {
-        if h.value.is_none() {
-            return Err(EnvelopeError::NotCloudEvent(format!("header `{}` has no value", h.key)));
-        }
-        if h.key == "content-type" && h.value.is_some_and(|v| v.starts_with(b"application/cloudevents")) {
-            return Err(invalid("content-type", "structured mode; Herald reads binary mode only".to_owned()));
-        }
+fn non_empty(name: &'static str, value: Option<&str>) -> Result<String, EnvelopeError> {
+    match value {
+        Some(text) if !text.is_empty() => Ok(text.to_owned()),
+        _ => Err(EnvelopeError::MissingAttribute(name)),
     }
-    Ok(())
-}
-
-fn non_empty(name: &'static str, value: &str) -> Result<String, EnvelopeError> {
-    if value.is_empty() { Err(EnvelopeError::MissingAttribute(name)) } else { Ok(value.to_owned()) }
 }
 
 fn invalid(name: &'static str, reason: String) -> EnvelopeError {
     EnvelopeError::InvalidAttribute { name, reason }
 }
+
+#[cfg(test)]
+mod sdk_reference;
 
 #[cfg(test)]
 pub(crate) mod tests {

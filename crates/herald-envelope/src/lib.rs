@@ -27,6 +27,7 @@ pub mod schema;
 pub mod trace;
 pub mod trust;
 
+mod binary;
 mod error;
 
 pub use data::{EventData, ExportCompleted, ExportCompletedV1, ExportDeleted, ExportFailed, ExportRequested, OutOfRange};
