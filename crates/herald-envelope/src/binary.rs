@@ -6,10 +6,11 @@
 //! into a new `String`, parses `dataschema` as a URL and copies the value,
 //! which Herald then copies again. That was 2.4 µs of the 4.5 µs a record
 //! cost to decode, and the decode is the largest part of a replay's own CPU
-//! (BENCHMARKS.md, "Reading the headers"). The SDK still writes every event
-//! (`OutboxEvent::to_kafka_record`) and is the reference this reader is held
-//! to: the property test `decode::sdk_reference` feeds both the same
-//! records and requires the same event or a refusal from both.
+//! (BENCHMARKS.md, "Reading the headers"). The SDK's binding stays the
+//! reference this reader is held to: the property test
+//! `decode::sdk_reference` feeds both the same records and requires the
+//! same event or a refusal from both (as `record::tests` hold the relay's
+//! hand-written headers to the binding's).
 //!
 //! What the binding does, and so what this does: the last of two headers of
 //! one name counts (it collects them into a map); `ce_specversion` must be

@@ -1,11 +1,12 @@
 //! What decoding a replayed record costs, with nothing else running: the
-//! replay's own decode (CloudEvents attributes through cloudevents-sdk, the
-//! Avro data resolved into the projection's fact) and the least any
+//! replay's own decode (CloudEvents attributes through `herald-envelope`,
+//! the Avro data resolved into the projection's fact) and the least any
 //! reader of these records must do (`floor`): read the four attribute
-//! headers it needs as text and read the Avro datum into the typed data
-//! through apache-avro, the design's Avro library, the cheapest way it
-//! offers (a `GenericDatumReader` built once, `read_deser`). One thread, the records built in memory as the broker delivers
-//! them (the relay's headers and value), so no receiving is timed.
+//! headers it needs as text and read the Avro datum into its type through
+//! apache-avro, the design's Avro library, the cheapest way it offers (a
+//! `GenericDatumReader` built once, `read_deser`). One thread, the records
+//! built in memory as the broker delivers them (the relay's headers and
+//! value), so no receiving is timed.
 //!
 //! Added to the receive and write floors of the same run, the `floor`
 //! bounds any replay of these records here from above.
