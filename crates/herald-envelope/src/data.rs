@@ -57,19 +57,19 @@ pub trait EventData: Serialize + DeserializeOwned {
             None => err(e.to_string()),
         };
         let mut input = bytes;
-        let data: Self = if writer_file == Self::SCHEMA_FILE {
-            // The same schema both sides (the common case): straight into
-            // `Self`, with the writer resolved once per process.
-            match embedded_reader(writer, writer_file) {
-                Some(reader) => reader.read_deser(&mut input).map_err(named)?,
-                None => datum_reader(writer, None).map_err(named)?.read_deser(&mut input).map_err(named)?,
+        let direct = if writer_file == Self::SCHEMA_FILE { read_direct::<Self>(writer, writer_file, &mut input) } else { None };
+        let data: Self = match direct {
+            Some(data) => data,
+            None => {
+                // Through apache-avro's generic value, resolving into this
+                // type's schema across versions: what decides, and names
+                // the field, whenever the direct read did not succeed.
+                input = bytes;
+                let reader = if writer_file == Self::SCHEMA_FILE { None } else { Some(schema::by_file(Self::SCHEMA_FILE)?) };
+                let value = datum_reader(writer, reader).map_err(named)?.read_value(&mut input).map_err(named)?;
+                // A string cut short by the end of input arrives here as null.
+                from_value(&value).map_err(named)?
             }
-        } else {
-            // Across versions: Avro schema resolution into this type's schema.
-            let reader = schema::by_file(Self::SCHEMA_FILE)?;
-            let value = datum_reader(writer, Some(reader)).map_err(named)?.read_value(&mut input).map_err(named)?;
-            // A string cut short by the end of input arrives here as null.
-            from_value(&value).map_err(named)?
         };
         if !input.is_empty() {
             return Err(err(format!("{} trailing bytes after the datum", input.len())));
@@ -134,6 +134,20 @@ fn failing_field(writer: &Schema, bytes: &[u8]) -> Option<String> {
             Ok(_) => false,
         })
         .map(|f| f.name.clone())
+}
+
+/// The common case: a datum of an embedded schema read into a type of the
+/// same schema, straight into `T` with the reader kept for that schema (no
+/// generic value between, no resolving of the schema again). `None` for
+/// anything else, and whenever this read fails: apache-avro's direct read
+/// also refuses a type whose serde name is not the schema's record name,
+/// which the generic way reads fine.
+fn read_direct<T: DeserializeOwned>(writer: &Schema, file: &str, input: &mut &[u8]) -> Option<T> {
+    let reader = embedded_reader(writer, file)?;
+    let mut attempt = *input;
+    let data = reader.read_deser(&mut attempt).ok()?;
+    *input = attempt;
+    Some(data)
 }
 
 /// A reader of data written with `writer`, resolved into `reader` if given.
@@ -409,5 +423,17 @@ mod tests {
         let bytes = completed().to_avro().unwrap();
         assert_eq!(ExportCompleted::from_avro_with(&parsed, file, &bytes).unwrap(), completed());
         assert_eq!(ExportCompleted::from_avro_with(shared, file, &bytes).unwrap(), completed());
+    }
+
+    /// apache-avro's direct read refuses a type whose serde name is not the
+    /// schema's record name (`ExportCompletedV1` for `ExportCompleted`); such
+    /// a datum is read the general way, and bad data still names its field.
+    #[test]
+    fn a_type_named_unlike_its_record_still_reads_its_own_schema() {
+        let v1 = v1_of(&completed());
+        let bytes = v1.to_avro().unwrap();
+        assert_eq!(ExportCompletedV1::from_avro(ExportCompletedV1::SCHEMA_FILE, &bytes).unwrap(), v1);
+        let err = ExportCompletedV1::from_avro(ExportCompletedV1::SCHEMA_FILE, &bytes[..5]).unwrap_err();
+        assert!(err.to_string().contains("field `caller`"), "{err}");
     }
 }
