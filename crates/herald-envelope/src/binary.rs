@@ -47,7 +47,9 @@ pub(crate) struct Attributes<'a> {
 struct Raw<'a> {
     specversion: Option<&'a [u8]>,
     content_type: Option<&'a [u8]>,
-    /// `ce_` headers other than `ce_specversion`: (name without `ce_`, value).
+    /// `ce_` headers other than `ce_specversion`: (name without `ce_`,
+    /// value), each name once, where it first appeared. A record has a
+    /// handful of headers; a scan beats a map.
     prefixed: Vec<(&'a str, &'a [u8])>,
 }
 
@@ -63,7 +65,7 @@ pub(crate) fn attributes(msg: &impl Message) -> Result<Attributes<'_>, EnvelopeE
     }
     let mut attributes =
         Attributes { datacontenttype: raw.content_type.map(|v| utf8("content-type", v)).transpose()?, ..Default::default() };
-    for (name, value) in last_of_each(raw.prefixed) {
+    for (name, value) in raw.prefixed {
         let text = utf8(name, value)?;
         match name {
             "id" => attributes.id = Some(text),
@@ -96,26 +98,15 @@ fn raw_headers(msg: &impl Message) -> Result<Raw<'_>, EnvelopeError> {
             "content-type" => raw.content_type = Some(value),
             key => {
                 if let Some(name) = key.strip_prefix("ce_") {
-                    raw.prefixed.push((name, value));
+                    match raw.prefixed.iter_mut().find(|(seen, _)| *seen == name) {
+                        Some(slot) => slot.1 = value,
+                        None => raw.prefixed.push((name, value)),
+                    }
                 }
             }
         }
     }
     Ok(raw)
-}
-
-/// `prefixed` with only the last header of each name, in the order the
-/// names first appeared. A record has a handful of headers; a scan beats a
-/// map.
-fn last_of_each<'a>(prefixed: Vec<(&'a str, &'a [u8])>) -> Vec<(&'a str, &'a [u8])> {
-    let mut kept: Vec<(&str, &[u8])> = Vec::with_capacity(prefixed.len());
-    for (name, value) in prefixed {
-        match kept.iter_mut().find(|(seen, _)| *seen == name) {
-            Some(slot) => slot.1 = value,
-            None => kept.push((name, value)),
-        }
-    }
-    kept
 }
 
 /// `dataschema` as `url::Url` prints it, which is what Herald matched schema
@@ -180,7 +171,12 @@ mod tests {
 
     #[test]
     fn the_last_header_of_a_name_counts() {
-        let kept = last_of_each(vec![("id", b"1"), ("tenant", b"a"), ("id", b"2")]);
-        assert_eq!(kept, vec![("id", &b"2"[..]), ("tenant", &b"a"[..])]);
+        let mut headers = rdkafka::message::OwnedHeaders::new();
+        for (key, value) in [("ce_specversion", "1.0"), ("ce_id", "1"), ("ce_tenant", "a"), ("ce_id", "2")] {
+            headers = headers.insert(rdkafka::message::Header { key, value: Some(value) });
+        }
+        let msg = rdkafka::message::OwnedMessage::new(None, None, "t".into(), rdkafka::Timestamp::NotAvailable, 0, 0, Some(headers));
+        let read = attributes(&msg).unwrap();
+        assert_eq!((read.id, read.extensions), (Some("2"), vec![("tenant", "a")]));
     }
 }

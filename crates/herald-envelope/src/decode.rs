@@ -146,7 +146,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{ExportCompleted, OutboxEvent};
 
-    fn completed() -> ExportCompleted {
+    pub(crate) fn completed() -> ExportCompleted {
         ExportCompleted {
             job_id: "job-1".into(),
             caller: "alice".into(),

@@ -8,6 +8,7 @@ use cloudevents::{AttributesReader, Data, Event};
 use proptest::prelude::*;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage, Timestamp};
 
+use super::tests::completed;
 use super::*;
 use crate::{ExportCompleted, OutboxEvent};
 
@@ -136,21 +137,6 @@ fn payload() -> impl Strategy<Value = Option<Vec<u8>>> {
         1 => proptest::collection::vec(any::<u8>(), 0..16).prop_map(Some),
         1 => Just(None),
     ]
-}
-
-fn completed() -> ExportCompleted {
-    ExportCompleted {
-        job_id: "job-1".into(),
-        caller: "alice".into(),
-        format: "json".into(),
-        query: "q".into(),
-        result_id: "r".into(),
-        size_bytes: 3,
-        sha256: "00".into(),
-        completed_at_ms: 5,
-        version: 2,
-        content_type: "application/json".into(),
-    }
 }
 
 /// The relay's own headers for one event, so that most cases start from a
