@@ -7,6 +7,7 @@
 //! migration 0024 holds gets its loaded rows merged there instead. Live
 //! writes name the partition the seal returned, and one that went through
 //! `search_documents` while the seal attached lands in the new partition.
+//! The seal builds its btrees without parallel workers.
 
 mod common;
 
@@ -231,5 +232,46 @@ async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict
     try_load(&db, 9, &again, WritePath::Upsert).await??;
     Search.seal_load(&db, 9).await?;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 3), ("b", 1), ("d", 4)]));
+    Ok(())
+}
+
+/// The seal builds the btrees without parallel workers and leaves the GIN's
+/// session as it is (BENCHMARKS.md, "The btrees give the GIN its core"): an
+/// event trigger notes the setting each `CREATE INDEX` of the seal ran
+/// under, the database's default being 2.
+#[tokio::test]
+async fn the_seal_builds_its_btrees_without_parallel_workers_postgres() -> anyhow::Result<()> {
+    let test_db = postgres_db().await?;
+    let mut setup = sqlx::PgConnection::connect(&test_db.url).await?;
+    let name: String = sqlx::query_scalar("SELECT current_database()").fetch_one(&mut setup).await?;
+    sqlx::query(&format!("ALTER DATABASE \"{name}\" SET max_parallel_maintenance_workers = 2")).execute(&mut setup).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE index_builds (index_name TEXT, workers TEXT);
+         CREATE FUNCTION note_index_build() RETURNS event_trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO index_builds SELECT object_identity, current_setting('max_parallel_maintenance_workers')
+                 FROM pg_event_trigger_ddl_commands() WHERE command_tag = 'CREATE INDEX';
+         END $$;
+         CREATE EVENT TRIGGER note_index_build ON ddl_command_end WHEN TAG IN ('CREATE INDEX')
+             EXECUTE FUNCTION note_index_build();",
+    )
+    .execute(&mut setup)
+    .await?;
+    setup.close().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    Search.prepare_load(&db, 9).await?;
+    load(&db, 9, &[completed("a", 1)]).await?;
+    sqlx::query("DELETE FROM index_builds").execute(db.pool()).await?;
+
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
+    let builds: Vec<(String, String)> =
+        sqlx::query_as("SELECT index_name, workers FROM index_builds ORDER BY index_name").fetch_all(db.pool()).await?;
+    let expected = [
+        ("public.search_documents_g9_by_caller", "0"),
+        ("public.search_documents_g9_query_trgm", "2"),
+        ("public.search_documents_g9_tombstones", "0"),
+    ];
+    let builds: Vec<(&str, &str)> = builds.iter().map(|(i, w)| (i.as_str(), w.as_str())).collect();
+    assert_eq!(builds, expected, "the btrees without workers, the GIN's session untouched");
     Ok(())
 }

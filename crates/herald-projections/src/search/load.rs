@@ -148,14 +148,15 @@ pub async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
         format!("CREATE INDEX IF NOT EXISTS {table}_by_caller ON {table} (generation, caller, completed_at_ms DESC)"),
         format!("CREATE INDEX IF NOT EXISTS {table}_tombstones ON {table} (deleted_at_ms) WHERE deleted_at_ms IS NOT NULL"),
     ];
-    let gin = async { sqlx::query(&trigram).execute(db.pool()).await.map(drop) };
+    let gin = async { sqlx::query(&trigram).execute(db.pool()).await.map(drop).map_err(StoreError::from) };
     let others = async {
-        let mut tx = db.pool().begin().await?;
+        let mut tx = db.begin().await?;
         sqlx::query("SET LOCAL max_parallel_maintenance_workers = 0").execute(&mut *tx).await?;
         for sql in &btrees {
             sqlx::query(sql).execute(&mut *tx).await?;
         }
-        tx.commit().await
+        tx.commit().await?;
+        Ok(())
     };
     tokio::try_join!(gin, others)?;
     Ok(())
