@@ -51,7 +51,7 @@ pub use handler::{Handler, Record, WritePath};
 pub use metrics::{Metrics, MetricsSnapshot, StageTimes};
 pub use order::{Order, UnknownOrder};
 pub use parking::Released;
-pub use projection::{Fingerprint, Live, Projection};
+pub use projection::{Arrived, Fingerprint, Live, Projection};
 pub use redrive::{Discarded, RedriveOutcome, Redriven, discard, redrive, redrive_processor, redrive_releasing, redrive_with};
 pub use runtime::{Processed, Processor, Subscription, run};
 pub use subscription::{SubscriptionOptions, run_subscription};

@@ -30,6 +30,16 @@ pub struct Fingerprint {
     pub checksum: String,
 }
 
+/// A fact a replay loads, with its record's offset in its partition: the
+/// order in which the replay met it there, which a projection that settles
+/// a job loaded twice only at the seal (search) needs for the version
+/// guard's tie rule.
+#[derive(Debug)]
+pub struct Arrived<'a, F> {
+    pub offset: i64,
+    pub fact: &'a F,
+}
+
 /// A read model that can be rebuilt.
 pub trait Projection: Send + Sync + 'static {
     /// Its name in `projection_generations`, its live subscription, and the
@@ -80,17 +90,20 @@ pub trait Projection: Send + Sync + 'static {
     }
 
     /// A replay's write on PostgreSQL into the generation it is loading
-    /// (after [`Projection::prepare_load`]); by default
-    /// [`Projection::write_pg`]. Search writes a table of the generation's
-    /// own that has only its primary key until [`Projection::seal_load`].
+    /// (after [`Projection::prepare_load`]), each fact with its record's
+    /// offset; by default [`Projection::write_pg`]. Search appends to a
+    /// table of the generation's own without a key, and settles a job
+    /// loaded twice by version and then offset when
+    /// [`Projection::seal_load`] builds its key.
     fn load_pg(
         &self,
         tx: &mut PgConnection,
         generation: i64,
-        facts: &[&Self::Fact],
+        facts: &[Arrived<'_, Self::Fact>],
         path: WritePath,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        self.write_pg(tx, generation, None, facts, path)
+        let facts: Vec<&Self::Fact> = facts.iter().map(|a| a.fact).collect();
+        async move { self.write_pg(tx, generation, None, &facts, path).await }
     }
 
     /// Before a replay writes `generation`: makes ready where

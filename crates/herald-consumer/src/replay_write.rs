@@ -16,7 +16,7 @@ use herald_store::{Db, generations};
 use sqlx::postgres::PgPool;
 
 use crate::batch::admit_pg;
-use crate::projection::Projection;
+use crate::projection::{Arrived, Projection};
 use crate::replay::{Content, Replayed};
 use crate::{HandlerError, ReplayError, WritePath};
 
@@ -95,7 +95,7 @@ impl<'p, P: Projection> Writer<'p, P> {
                 })
                 .collect();
             let first: HashSet<EventKey> = inbox::admit_batch(&mut tx, &self.scope, &entries).await?;
-            first_seen(items, |key| first.contains(key))
+            first_seen(items, |key| first.contains(key)).into_iter().map(|i| i.fact).collect()
         };
         if !facts.is_empty() {
             self.projection.write(&mut tx, self.generation, &facts).await?;
@@ -125,8 +125,8 @@ impl<'p, P: Projection> Writer<'p, P> {
         path: WritePath,
     ) -> Result<(), ReplayError> {
         let mut tx = pool.begin().await?;
-        let facts: Vec<&P::Fact> = if P::IDEMPOTENT {
-            items.iter().map(|i| i.fact).collect()
+        let first: Vec<&Item<'_, P::Fact>> = if P::IDEMPOTENT {
+            items.iter().collect()
         } else {
             let entries: Vec<PgEntry<'_>> = items
                 .iter()
@@ -135,6 +135,7 @@ impl<'p, P: Projection> Writer<'p, P> {
             let admitted = admit_pg(&mut tx, &self.scope, &entries, path).await?;
             first_seen(items, |key| admitted.admits(key))
         };
+        let facts: Vec<Arrived<'_, P::Fact>> = first.iter().map(|i| Arrived { offset: i.offset, fact: i.fact }).collect();
         if !facts.is_empty() {
             self.projection.load_pg(&mut tx, self.generation, &facts, path).await?;
         }
@@ -146,7 +147,7 @@ impl<'p, P: Projection> Writer<'p, P> {
 
 /// The facts of keys seen for the first time, once each (a batch can hold
 /// both copies of an event the relay published twice).
-fn first_seen<'a, F>(items: &[Item<'a, F>], is_first: impl Fn(&EventKey) -> bool) -> Vec<&'a F> {
+fn first_seen<'i, 'a, F>(items: &'i [Item<'a, F>], is_first: impl Fn(&EventKey) -> bool) -> Vec<&'i Item<'a, F>> {
     let mut taken: HashSet<&EventKey> = HashSet::new();
-    items.iter().filter(|i| is_first(i.key) && taken.insert(i.key)).map(|i| i.fact).collect()
+    items.iter().filter(|i| is_first(i.key) && taken.insert(i.key)).collect()
 }

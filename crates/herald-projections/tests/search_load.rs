@@ -7,12 +7,14 @@
 //! migration 0024 holds gets its loaded rows merged there instead. Live
 //! writes name the partition the seal returned, and one that went through
 //! `search_documents` while the seal attached lands in the new partition.
-//! The seal builds its btrees without parallel workers.
+//! The seal builds its btrees without parallel workers. The loading table
+//! has no key: a job loaded twice is settled at the seal as the version
+//! guard would have, and the key built then.
 
 mod common;
 
 use common::completed;
-use herald_consumer::{HandlerError, Projection, WritePath};
+use herald_consumer::{Arrived, HandlerError, Projection, WritePath};
 use herald_projections::search::{self, Fact, Search};
 use herald_store::Db;
 use herald_testkit::{TestDb, postgres_db};
@@ -27,17 +29,23 @@ async fn loading_9() -> anyhow::Result<(TestDb, Db)> {
 }
 
 /// The replay's write: through the native driver into the loading table,
-/// along `path`, committed when it succeeds; the projection's own error
-/// otherwise, for the test to look at.
-async fn try_load(db: &Db, generation: i64, facts: &[Fact], path: WritePath) -> anyhow::Result<Result<(), HandlerError>> {
-    let refs: Vec<&Fact> = facts.iter().collect();
+/// each fact with the offset it arrived at, along `path`, committed when it
+/// succeeds; the projection's own error otherwise, for the test to look at.
+async fn try_load_at(db: &Db, generation: i64, facts: &[(i64, Fact)], path: WritePath) -> anyhow::Result<Result<(), HandlerError>> {
+    let arrived: Vec<Arrived<'_, Fact>> = facts.iter().map(|(offset, fact)| Arrived { offset: *offset, fact }).collect();
     let mut conn = sqlx::PgConnection::connect(db.url()).await?;
     let mut tx = conn.begin().await?;
-    if let Err(e) = Search.load_pg(&mut tx, generation, &refs, path).await {
+    if let Err(e) = Search.load_pg(&mut tx, generation, &arrived, path).await {
         return Ok(Err(e));
     }
     tx.commit().await?;
     Ok(Ok(()))
+}
+
+/// [`try_load_at`] with the facts at offsets 0, 1, 2, …
+async fn try_load(db: &Db, generation: i64, facts: &[Fact], path: WritePath) -> anyhow::Result<Result<(), HandlerError>> {
+    let at: Vec<(i64, Fact)> = facts.iter().cloned().enumerate().map(|(i, f)| (i as i64, f)).collect();
+    try_load_at(db, generation, &at, path).await
 }
 
 /// The replay's plain write, which must succeed.
@@ -206,19 +214,17 @@ async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition
 }
 
 /// The replay loads in one `COPY`: whatever bytes a value holds arrive as
-/// they are, a deletion's tombstone keeps its NULLs and times, and a job the
-/// table already holds fails the plain load as a conflict (the replay then
-/// writes the batch again under the version guard, which keeps the newer).
+/// they are, a deletion's tombstone keeps its NULLs and times, and a job
+/// the table already holds is appended again (the table has no key to
+/// conflict on until the seal, which keeps the newer).
 #[tokio::test]
-async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict_postgres() -> anyhow::Result<()> {
+async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_appended_postgres() -> anyhow::Result<()> {
     let (_test_db, db) = loading_9().await?;
     let odd = "tab\there, line\nbreak\r, back\\slash, \\N, \\. and ü";
     let Fact::Completed(mut export) = completed("a", 2) else { unreachable!() };
     export.query = odd.to_owned();
     export.caller = "\\N".to_owned();
-    let deleted =
-        Fact::Deleted(herald_envelope::ExportDeleted { job_id: "d".into(), caller: "alice".into(), deleted_at_ms: 77, version: 4 });
-    load(&db, 9, &[Fact::Completed(export), deleted]).await?;
+    load(&db, 9, &[Fact::Completed(export), deleted("d", 4)]).await?;
     let row = sqlx::query("SELECT caller, query FROM search_documents_g9 WHERE job_id = 'a'").fetch_one(db.pool()).await?;
     assert_eq!((row.try_get::<String, _>("caller")?, row.try_get::<String, _>("query")?), ("\\N".to_owned(), odd.to_owned()));
     let tombstone = sqlx::query("SELECT deleted_at_ms, version FROM search_documents_g9 WHERE job_id = 'd'").fetch_one(db.pool()).await?;
@@ -226,19 +232,88 @@ async fn the_load_copies_values_as_they_are_and_a_job_loaded_twice_is_a_conflict
     let untouched = "SELECT COUNT(*) FROM search_documents_g9 WHERE deleted_at_ms IS NULL AND job_id = 'a'";
     assert_eq!(count(&db, untouched).await?, 1, "a document's deleted_at_ms is NULL, not a value");
 
-    let again = [completed("a", 3), completed("b", 1)];
-    let plain = try_load(&db, 9, &again, WritePath::Plain).await?;
-    assert!(matches!(plain, Err(HandlerError::Conflict(_))), "{plain:?}");
-    try_load(&db, 9, &again, WritePath::Upsert).await??;
+    load(&db, 9, &[completed("a", 3), completed("b", 1)]).await?;
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9 WHERE job_id = 'a'").await?, 2);
     Search.seal_load(&db, 9).await?;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 3), ("b", 1), ("d", 4)]));
     Ok(())
 }
 
-/// The seal builds the btrees without parallel workers and leaves the GIN's
-/// session as it is (BENCHMARKS.md, "The btrees give the GIN its core"): an
-/// event trigger notes the setting each `CREATE INDEX` of the seal ran
-/// under, the database's default being 2.
+/// A job loaded more than once is settled at the seal as the version guard
+/// settles it: the newest version stays, whatever order it came in, and of
+/// equal versions the one that arrived first (the smallest offset), though
+/// a later batch brought it. A seal that stopped after building the
+/// indexes seals again; the sealed partition has its primary key and no
+/// `arrival` column.
+#[tokio::test]
+async fn the_seal_keeps_of_each_job_what_the_version_guard_would_postgres() -> anyhow::Result<()> {
+    let (_test_db, db) = loading_9().await?;
+    let b = |query: &str| {
+        let Fact::Completed(mut export) = completed("b", 3) else { unreachable!() };
+        export.query = query.to_owned();
+        Fact::Completed(export)
+    };
+    try_load_at(&db, 9, &[(5, completed("a", 2)), (6, b("six")), (7, deleted("c", 4)), (8, completed("e", 1))], WritePath::Plain).await??;
+    try_load_at(&db, 9, &[(9, completed("a", 1)), (10, b("ten")), (11, completed("c", 5)), (12, deleted("e", 2))], WritePath::Plain)
+        .await??;
+    // Another partition's records, met in a later batch, one of them at an
+    // offset smaller than the other b's.
+    try_load_at(&db, 9, &[(2, b("two")), (3, completed("c", 3)), (4, completed("a", 2))], WritePath::Plain).await??;
+    search::build_indexes(&db, "search_documents_g9").await?;
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9").await?, 4, "the rows the guard would not have kept went");
+
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 2), ("b", 3), ("c", 5), ("e", 2)]));
+    let query: String =
+        sqlx::query_scalar("SELECT query FROM search_documents WHERE generation = 9 AND job_id = 'b'").fetch_one(db.pool()).await?;
+    assert_eq!(query, "two", "of equal versions, the first to arrive");
+    let a_arrival = "SELECT COUNT(*) FROM search_documents WHERE generation = 9 AND job_id = 'a' AND query = 'a v2'";
+    assert_eq!(count(&db, a_arrival).await?, 1);
+    let key = "SELECT COUNT(*) FROM pg_constraint WHERE conrelid = 'search_documents_g9'::regclass AND contype = 'p'";
+    assert_eq!(count(&db, key).await?, 1, "the partition has its primary key");
+    let arrival = "SELECT COUNT(*) FROM pg_attribute WHERE attrelid = 'search_documents_g9'::regclass \
+                   AND attname = 'arrival' AND NOT attisdropped";
+    assert_eq!(count(&db, arrival).await?, 0, "nor does it keep the loading table's arrival");
+    live_pg(&db, 9, Some("search_documents_g9"), &[completed("c", 4), completed("f", 1)]).await?;
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 2), ("b", 3), ("c", 5), ("e", 2), ("f", 1)]), "the key is the guard's");
+    Ok(())
+}
+
+/// A replay an earlier Herald began has a loading table with its primary
+/// key and no `arrival`: preparing it again adds the column and keeps the
+/// key, a job loaded again conflicts and is written under the version
+/// guard, and the seal keeps the key it has.
+#[tokio::test]
+async fn a_loading_table_of_an_earlier_herald_is_loaded_on_and_sealed_postgres() -> anyhow::Result<()> {
+    let test_db = postgres_db().await?;
+    let db = Db::connect_and_migrate(&test_db.url).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE search_documents_g9 (LIKE search_documents, PRIMARY KEY (generation, job_id), \
+         CONSTRAINT search_documents_g9_generation CHECK (generation = 9)) WITH (autovacuum_enabled = false);
+         INSERT INTO search_documents_g9 VALUES (9, 'a', 'alice', 'csv', 'a v2', 'r', 1, 2, 2, NULL)",
+    )
+    .execute(db.pool())
+    .await?;
+    Search.prepare_load(&db, 9).await?;
+    let again = [completed("a", 3), completed("b", 1)];
+    let plain = try_load(&db, 9, &again, WritePath::Plain).await?;
+    assert!(matches!(plain, Err(HandlerError::Conflict(_))), "{plain:?}");
+    try_load(&db, 9, &again, WritePath::Upsert).await??;
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 3), ("b", 1)]));
+    assert_eq!(count(&db, "SELECT COUNT(*) FROM pg_index WHERE indrelid = 'search_documents_g9'::regclass").await?, 4);
+    Ok(())
+}
+
+fn deleted(job: &str, version: i64) -> Fact {
+    Fact::Deleted(herald_envelope::ExportDeleted { job_id: job.into(), caller: "alice".into(), deleted_at_ms: 77, version })
+}
+
+/// The seal builds the btrees and the key without parallel workers and
+/// leaves the GIN's session as it is (BENCHMARKS.md, "The btrees give the
+/// GIN its core"): an event trigger notes the setting each `CREATE INDEX`
+/// of the seal ran under, the database's default being 2. The tombstones'
+/// index is the loading table's from the start: the seal has none to build.
 #[tokio::test]
 async fn the_seal_builds_its_btrees_without_parallel_workers_postgres() -> anyhow::Result<()> {
     let test_db = postgres_db().await?;
@@ -268,10 +343,10 @@ async fn the_seal_builds_its_btrees_without_parallel_workers_postgres() -> anyho
         sqlx::query_as("SELECT index_name, workers FROM index_builds ORDER BY index_name").fetch_all(db.pool()).await?;
     let expected = [
         ("public.search_documents_g9_by_caller", "0"),
+        ("public.search_documents_g9_pkey", "0"),
         ("public.search_documents_g9_query_trgm", "2"),
-        ("public.search_documents_g9_tombstones", "0"),
     ];
     let builds: Vec<(&str, &str)> = builds.iter().map(|(i, w)| (i.as_str(), w.as_str())).collect();
-    assert_eq!(builds, expected, "the btrees without workers, the GIN's session untouched");
+    assert_eq!(builds, expected, "the btrees without workers, the GIN's session untouched, the tombstones' index built before");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! Documents in PostgreSQL's `COPY` text format, the way a replay loads a
-//! generation's own table: one line a document, columns in [`COLUMNS`]'
-//! order, tab-separated. `COPY` skips what an `INSERT … SELECT FROM
+//! generation's own table: one line a document and the offset it arrived
+//! at, columns in [`COLUMNS`]' order, tab-separated. `COPY` skips what an `INSERT … SELECT FROM
 //! UNNEST(…)` costs the server per row (parsing the arrays, planning,
 //! executing a statement's projection), which was most of what PostgreSQL
 //! spent on a replay beyond the primary key (BENCHMARKS.md, "Rebuild").
@@ -8,11 +8,13 @@
 
 use super::DocumentRef;
 
-/// The columns of a line, as [`super::write::UNNEST_ROWS`] names them.
-pub const COLUMNS: &str = "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms";
+/// The columns of a line: a document's as [`super::write::UNNEST_ROWS`]
+/// names them, then `arrival`, which only a loading table has.
+pub const COLUMNS: &str =
+    "generation, job_id, caller, format, query, result_id, size_bytes, completed_at_ms, version, deleted_at_ms, arrival";
 
-/// Appends `row` of `generation` to `out` as one line.
-pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: DocumentRef<'_>) {
+/// Appends `row` of `generation`, met at offset `arrival`, to `out` as one line.
+pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: DocumentRef<'_>, arrival: i64) {
     push_number(out, generation);
     for text in [row.job_id, row.caller, row.format, row.query, row.result_id] {
         out.push(b'\t');
@@ -27,6 +29,8 @@ pub fn copy_line(out: &mut Vec<u8>, generation: i64, row: DocumentRef<'_>) {
         Some(at) => push_number(out, at),
         None => out.extend_from_slice(b"\\N"),
     }
+    out.push(b'\t');
+    push_number(out, arrival);
     out.push(b'\n');
 }
 
@@ -78,13 +82,13 @@ mod tests {
     #[test]
     fn a_document_is_one_line_in_the_column_order() {
         let mut out = Vec::new();
-        copy_line(&mut out, 7, row("q", None));
-        copy_line(&mut out, 7, row("", Some(99)));
+        copy_line(&mut out, 7, row("q", None), 0);
+        copy_line(&mut out, 7, row("", Some(99)), 12);
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "7\tjob-1\talice\tcsv\tq\tr/1.csv\t42\t-5\t3\t\\N\n7\tjob-1\talice\tcsv\t\tr/1.csv\t42\t-5\t3\t99\n"
+            "7\tjob-1\talice\tcsv\tq\tr/1.csv\t42\t-5\t3\t\\N\t0\n7\tjob-1\talice\tcsv\t\tr/1.csv\t42\t-5\t3\t99\t12\n"
         );
-        assert_eq!(COLUMNS.split(',').count(), 10);
+        assert_eq!(COLUMNS.split(',').count(), 11);
     }
 
     #[test]

@@ -1,12 +1,18 @@
 //! How a replay loads a search generation on PostgreSQL: into a table of its
-//! own (`search_documents_g<N>`) with its primary key only and a check that
-//! every row is of generation N; then, once the replay reached its boundary,
-//! the other indexes built once over the loaded rows, what live traffic
-//! wrote into the generation meanwhile (the default partition's rows of N)
-//! merged under the version guard, and the table attached as the
-//! generation's partition of `search_documents` (migration 0024). Building
+//! own (`search_documents_g<N>`) with no key (only the tombstones' partial
+//! index, cheap to keep), a check that every row is of generation N, and
+//! one column more than a document's, the offset each row arrived at; then,
+//! once the replay reached its boundary, the indexes built once over the
+//! loaded rows, the primary key among them (`seal`). A job loaded twice
+//! (two of its events) is settled before the key is built: the newest
+//! version stays, of equal versions the first to arrive, as the version
+//! guard would have kept them. What live traffic wrote into the generation
+//! meanwhile (the default partition's rows of N) is merged under the
+//! version guard, and the table attached as the generation's partition of
+//! `search_documents` (migration 0024). Building
 //! an index once over a million rows costs PostgreSQL about half of keeping
-//! it row by row (BENCHMARKS.md, "Rebuild").
+//! it row by row, the key included (BENCHMARKS.md, "Rebuild", "The key
+//! built at the seal").
 //!
 //! The check lets the attach skip its scan and the indexes match the
 //! parent's, so the attach takes them as they are: its transaction holds
@@ -14,11 +20,13 @@
 //! writes then name the partition (`write_live`). SQLite keeps one table
 //! and none of this.
 
+use herald_consumer::Arrived;
 use herald_store::{Backend, Db, StoreError};
-use sqlx::{PgConnection, Row};
-use tracing::{info, warn};
+use sqlx::PgConnection;
+use tracing::warn;
 
 use super::copy_text::{COLUMNS, copy_line};
+use super::seal::attached;
 use super::write::{TABLE, UNNEST_ROWS, guard, insert_unnest};
 use super::{DocumentRef, DocumentRow, Fact};
 
@@ -28,24 +36,28 @@ pub(super) fn table(generation: i64) -> String {
     format!("{TABLE}_g{generation}")
 }
 
-/// SQLSTATE of an attach whose values another partition already holds.
-const OVERLAPS: &str = "42P17";
+/// The tombstone index's columns and predicate, the parent's.
+pub(super) const TOMBSTONES: &str = "(deleted_at_ms) WHERE deleted_at_ms IS NOT NULL";
+
+/// The loading table's column beyond a document's: the offset the row's
+/// record arrived at in its partition. Dropped when the table is attached.
+pub(super) const ARRIVAL: &str = "arrival";
 
 /// The partition migration 0024 made of the table as it was, holding the
 /// generations there were then.
 const LEGACY: &str = "search_documents_legacy";
 
-/// The replay's plain write of `facts` (one per job) into the generation's
-/// own table: one `COPY`, formatted from the facts, which fails as a plain
-/// insert does on a job already there (unique violation: the caller starts
-/// over with [`write`] under the version guard).
-pub(super) async fn copy(tx: &mut PgConnection, generation: i64, facts: &[&Fact]) -> Result<(), sqlx::Error> {
+/// The replay's plain write of `facts` into the generation's own table:
+/// one `COPY`, formatted from the facts, each row with the offset its
+/// record arrived at. Appends: the table has no key yet to meet a job
+/// already loaded on ([`seal`] settles those).
+pub(super) async fn copy(tx: &mut PgConnection, generation: i64, facts: &[Arrived<'_, Fact>]) -> Result<(), sqlx::Error> {
     if facts.is_empty() {
         return Ok(());
     }
     let mut lines = Vec::with_capacity(facts.len() * 128);
-    for fact in facts {
-        copy_line(&mut lines, generation, DocumentRef::from(*fact));
+    for arrived in facts {
+        copy_line(&mut lines, generation, DocumentRef::from(arrived.fact), arrived.offset);
     }
     let mut copy = tx.copy_in_raw(&format!("COPY {} ({COLUMNS}) FROM STDIN", table(generation))).await?;
     copy.send(lines).await?;
@@ -54,7 +66,9 @@ pub(super) async fn copy(tx: &mut PgConnection, generation: i64, facts: &[&Fact]
 }
 
 /// The replay's write of `rows` into the generation's own table in one
-/// statement: `upsert` under the version guard, else plainly.
+/// statement: `upsert` under the version guard, else plainly. Only once the
+/// table has its key (a seal began and a replay wrote after it): before,
+/// [`copy`] appends and nothing conflicts.
 pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
     insert_into(tx, &table(generation), generation, rows, upsert).await
 }
@@ -94,115 +108,35 @@ async fn insert_into(tx: &mut PgConnection, table: &str, generation: i64, rows: 
 }
 
 /// Creates the generation's own table unless it is there (loading, or
-/// already its partition). Autovacuum leaves it alone while it loads: the
-/// inserts alone would start it every few hundred thousand rows.
+/// already its partition), with the one index it keeps while loading. Autovacuum leaves it alone while it loads: the
+/// inserts alone would start it every few hundred thousand rows. A table an
+/// earlier Herald began loading has its primary key and no `arrival`: it
+/// gains the column and keeps its key (a job loaded again then conflicts,
+/// and the replay writes it under the version guard).
 pub(super) async fn prepare(db: &Db, generation: i64) -> Result<(), StoreError> {
     if db.backend() != Backend::Postgres {
         return Ok(());
     }
     let table = table(generation);
     let sql = format!(
-        "CREATE TABLE IF NOT EXISTS {table} (LIKE {TABLE}, PRIMARY KEY (generation, job_id), \
+        "CREATE TABLE IF NOT EXISTS {table} (LIKE {TABLE}, {ARRIVAL} BIGINT, \
          CONSTRAINT {table}_generation CHECK (generation = {generation})) WITH (autovacuum_enabled = false)"
     );
     sqlx::query(&sql).execute(db.pool()).await?;
-    Ok(())
-}
-
-/// Builds the loaded table's indexes, merges live traffic's rows of the
-/// generation into it and attaches it; returns it, the generation's
-/// partition from now on. Nothing to do once attached. `None`: the
-/// generation's rows stay where they were (SQLite; the old table's).
-pub(super) async fn seal(db: &Db, generation: i64) -> Result<Option<String>, StoreError> {
-    if db.backend() != Backend::Postgres {
-        return Ok(None);
+    // Kept while loading: rows that are not tombstones cost it next to
+    // nothing, and built at the seal it would read every row once more.
+    let tombstones = format!("CREATE INDEX IF NOT EXISTS {table}_tombstones ON {table} {TOMBSTONES}");
+    sqlx::query(&tombstones).execute(db.pool()).await?;
+    // Looked up first: the ALTER's lock would wait for anyone reading the table.
+    let arrives: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(&table)
+    .bind(ARRIVAL)
+    .fetch_one(db.pool())
+    .await?;
+    if !arrives && !attached(db, &table).await? {
+        sqlx::query(&format!("ALTER TABLE {table} ADD COLUMN {ARRIVAL} BIGINT")).execute(db.pool()).await?;
     }
-    prepare(db, generation).await?;
-    let table = table(generation);
-    if attached(db, &table).await? {
-        return Ok(Some(table));
-    }
-    build_indexes(db, &table).await?;
-    Ok(attach(db, &table, generation).await?.then_some(table))
-}
-
-async fn attached(db: &Db, table: &str) -> Result<bool, StoreError> {
-    let row = sqlx::query("SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)").bind(table).fetch_one(db.pool()).await?;
-    Ok(row.try_get("relispartition")?)
-}
-
-/// Builds the parent's indexes on `table` under its own names, the trigram
-/// GIN on one connection and the two btrees on another. PostgreSQL 15
-/// builds the GIN in one process, and it takes longest: the btrees are
-/// built without parallel workers, which would only take the GIN's core
-/// from it and make the build as a whole slower (BENCHMARKS.md, "The
-/// btrees give the GIN its core"). Plain builds: nothing else writes the
-/// table before it is attached. Public so a benchmark's floor builds
-/// exactly these.
-pub async fn build_indexes(db: &Db, table: &str) -> Result<(), StoreError> {
-    let trigram = format!(
-        "CREATE INDEX IF NOT EXISTS {table}_query_trgm ON {table} USING gin (lower(query) gin_trgm_ops) \
-         WITH (gin_pending_list_limit = 512)"
-    );
-    let btrees = [
-        format!("CREATE INDEX IF NOT EXISTS {table}_by_caller ON {table} (generation, caller, completed_at_ms DESC)"),
-        format!("CREATE INDEX IF NOT EXISTS {table}_tombstones ON {table} (deleted_at_ms) WHERE deleted_at_ms IS NOT NULL"),
-    ];
-    let gin = async { sqlx::query(&trigram).execute(db.pool()).await.map(drop).map_err(StoreError::from) };
-    let others = async {
-        let mut tx = db.begin().await?;
-        sqlx::query("SET LOCAL max_parallel_maintenance_workers = 0").execute(&mut *tx).await?;
-        for sql in &btrees {
-            sqlx::query(sql).execute(&mut *tx).await?;
-        }
-        tx.commit().await?;
-        Ok(())
-    };
-    tokio::try_join!(gin, others)?;
     Ok(())
-}
-
-/// One transaction: live traffic's rows of the generation leave the default
-/// partition for the table under the version guard, and the table becomes
-/// the generation's partition; true when it did. A generation opened before
-/// migration 0024 has its values in the old table's partition: its loaded
-/// rows are merged there instead (false).
-///
-/// Writes through `search_documents` wait for the commit (its lock): one
-/// that began before it would have routed its rows to the default
-/// partition, where the attach makes rows of the generation a violation of
-/// the partition's constraint, which PostgreSQL checks again and fails.
-/// Waiting, it routes them to the new partition. Writes naming a partition
-/// and reads do not wait.
-async fn attach(db: &Db, table: &str, generation: i64) -> Result<bool, StoreError> {
-    let mut tx = db.begin().await?;
-    sqlx::query("LOCK TABLE search_documents IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
-    sqlx::query("LOCK TABLE search_documents_default IN ACCESS EXCLUSIVE MODE").execute(&mut *tx).await?;
-    let merge = format!(
-        "WITH moved AS (DELETE FROM search_documents_default WHERE generation = $1 RETURNING *) \
-         INSERT INTO {table} SELECT * FROM moved{}",
-        guard(table)
-    );
-    let moved = sqlx::query(&merge).bind(generation).execute(&mut *tx).await?.rows_affected();
-    // Vacuumed as any partition from now on, not while the replay loaded it.
-    sqlx::query(&format!("ALTER TABLE {table} RESET (autovacuum_enabled)")).execute(&mut *tx).await?;
-    sqlx::query("SAVEPOINT search_attach").execute(&mut *tx).await?;
-    let attach = format!("ALTER TABLE {TABLE} ATTACH PARTITION {table} FOR VALUES IN ({generation})");
-    let attached = match sqlx::query(&attach).execute(&mut *tx).await {
-        Ok(_) => {
-            info!(generation, moved, "search generation attached as its partition");
-            true
-        }
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(OVERLAPS) => {
-            sqlx::query("ROLLBACK TO SAVEPOINT search_attach").execute(&mut *tx).await?;
-            let merged = format!("INSERT INTO search_documents SELECT * FROM {table}{}", guard(TABLE));
-            let rows = sqlx::query(&merged).execute(&mut *tx).await?.rows_affected();
-            sqlx::query(&format!("DROP TABLE {table}")).execute(&mut *tx).await?;
-            info!(generation, rows, "search generation older than its own partitions: loaded rows merged into its partition");
-            false
-        }
-        Err(e) => return Err(e.into()),
-    };
-    tx.commit().await?;
-    Ok(attached)
 }

@@ -5,12 +5,13 @@
 //! - `write`: the writers (the shared `Any` path, and the pieces of
 //!   PostgreSQL's fast path).
 //! - `load`: on PostgreSQL, which table a native write names, and a
-//!   replay's generation loaded into a table of its own and attached.
+//!   replay's generation loaded into a table of its own;
+//! - `seal`: that table indexed, keyed and attached.
 //! - `copy_text`: documents as `COPY` lines, how a replay loads them.
 //! - `verify`: a generation's fingerprint, and its check against the jobs
 //!   table (the projection's source of truth) for offline rebuilds.
 
-use herald_consumer::{Fingerprint, HandlerError, Projection, WritePath};
+use herald_consumer::{Arrived, Fingerprint, HandlerError, Projection, WritePath};
 use herald_envelope::{DecodedEvent, EnvelopeError, EventData, ExportCompleted, ExportDeleted};
 use herald_store::delivered::Settled;
 use herald_store::{Backend, Db, StoreError, Tx};
@@ -19,11 +20,12 @@ use sqlx::{PgConnection, Row};
 
 mod copy_text;
 mod load;
+mod seal;
 mod verify;
 mod write;
 
 pub use copy_text::{COLUMNS as COPY_COLUMNS, copy_line};
-pub use load::build_indexes;
+pub use seal::build_indexes;
 pub use write::{prune_tombstones, upsert_rows};
 
 /// Subscription name, and so consumer group `herald.search`.
@@ -65,14 +67,21 @@ impl Projection for Search {
         write_pg_rows(facts, path, |rows, upsert| async move { load::write_live(tx, generation, storage, &rows, upsert).await }).await
     }
 
-    async fn load_pg(&self, tx: &mut PgConnection, generation: i64, facts: &[&Fact], path: WritePath) -> Result<(), HandlerError> {
+    async fn load_pg(
+        &self,
+        tx: &mut PgConnection,
+        generation: i64,
+        facts: &[Arrived<'_, Fact>],
+        path: WritePath,
+    ) -> Result<(), HandlerError> {
         match path {
-            // The replay's common case, formatted from the facts themselves.
-            WritePath::Plain => {
-                load::copy(tx, generation, &newest_per_job(facts.iter().copied())).await.map_err(HandlerError::from_plain_write)
-            }
+            // The replay's common case: appended as they came, jobs loaded
+            // twice settled by the seal.
+            WritePath::Plain => load::copy(tx, generation, facts).await.map_err(HandlerError::from_plain_write),
+            // Only where the table has its key already (`load::write`).
             WritePath::Upsert => {
-                write_pg_rows(facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
+                let facts: Vec<&Fact> = facts.iter().map(|a| a.fact).collect();
+                write_pg_rows(&facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
             }
         }
     }
@@ -82,7 +91,7 @@ impl Projection for Search {
     }
 
     async fn seal_load(&self, db: &Db, generation: i64) -> Result<Option<String>, StoreError> {
-        load::seal(db, generation).await
+        seal::seal(db, generation).await
     }
 
     async fn fingerprint(&self, tx: &mut Tx<'_>, generation: i64) -> Result<Fingerprint, StoreError> {

@@ -3,9 +3,9 @@
 //! it can, with nothing of a replay's own work. The documents (those the
 //! benchmark publishes, under another run tag) go in one `COPY … FROM STDIN`
 //! into a table shaped like a loading generation (`search_documents`'
-//! columns, the primary key only), then the indexes a sealed generation
+//! columns and `arrival`, no index), then the indexes a sealed generation
 //! has are built once over them, as the seal builds them
-//! (`search::build_indexes`, the GIN beside the btrees). The table is the
+//! (`search::build_indexes`, the GIN beside the btrees and the key). The table is the
 //! run's own and dropped afterwards.
 //!
 //! Added to what receiving the records costs (the raw consume, same run),
@@ -39,11 +39,9 @@ pub(crate) struct WriteFloor {
 pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<WriteFloor> {
     let pool = db.native_postgres(2)?.context("the write floor needs PostgreSQL")?;
     sqlx::query(&format!("DROP TABLE IF EXISTS {TABLE}")).execute(&pool).await?;
-    sqlx::query(&format!(
-        "CREATE TABLE {TABLE} (LIKE search_documents, PRIMARY KEY (generation, job_id)) WITH (autovacuum_enabled = false)"
-    ))
-    .execute(&pool)
-    .await?;
+    sqlx::query(&format!("CREATE TABLE {TABLE} (LIKE search_documents, arrival BIGINT) WITH (autovacuum_enabled = false)"))
+        .execute(&pool)
+        .await?;
     // Formatted before the clock starts: the floor is the server's work.
     let text = copy_text(tag, n);
     let (started, mark) = (Instant::now(), CpuMark::now());
@@ -68,12 +66,12 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
 }
 
 /// COPY's text format of `n` documents of run `tag`, one generation, as a
-/// replay sends them (`search::copy_line`).
+/// replay sends them (`search::copy_line`), arriving in order.
 fn copy_text(tag: &str, n: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n * 128);
     for i in 0..n {
         let fact = Fact::Completed(workload::completion(tag, i));
-        search::copy_line(&mut out, 999, DocumentRef::from(&fact));
+        search::copy_line(&mut out, 999, DocumentRef::from(&fact), i as i64);
     }
     out
 }
@@ -91,6 +89,7 @@ mod tests {
             let columns: Vec<&str> = line.split('\t').collect();
             assert_eq!(columns.len(), search::COPY_COLUMNS.split(',').count(), "{line}");
             assert_eq!((columns[0], columns[9]), ("999", "\\N"));
+            assert!(columns[10].parse::<i64>().is_ok(), "{line}");
         }
     }
 }
