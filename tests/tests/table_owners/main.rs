@@ -47,9 +47,14 @@ const EXEMPT: &[(&str, &str)] = &[
     ),
     (
         "crates/herald-projections/src/search/load.rs",
-        "a search generation's own table, named by its generation (`search_documents_g<N>`): created, written by the \
-         replay and merged into while it loads, then attached as that generation's partition of search_documents, \
-         which live writes then name (as they name search_documents_legacy for the generations it holds)",
+        "a search generation's own table, named by its generation (`search_documents_g<N>`): created and written by \
+         the replay while it loads; once attached as that generation's partition of search_documents, live writes \
+         name it (as they name search_documents_legacy for the generations it holds)",
+    ),
+    (
+        "crates/herald-projections/src/search/seal.rs",
+        "the same table at its seal: the rows of a job loaded twice that the version guard would not have kept \
+         deleted, live traffic's rows of the generation merged in under the guard, then attached as the partition",
     ),
     (
         "crates/herald-store/src/lease.rs",
