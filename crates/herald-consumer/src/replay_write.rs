@@ -125,23 +125,28 @@ impl<'p, P: Projection> Writer<'p, P> {
         path: WritePath,
     ) -> Result<(), ReplayError> {
         let mut tx = pool.begin().await?;
-        let first: Vec<&Item<'_, P::Fact>> = if P::IDEMPOTENT {
-            items.iter().collect()
+        let facts: Vec<Arrived<'_, P::Fact>> = if P::IDEMPOTENT {
+            items.iter().map(Item::arrived).collect()
         } else {
             let entries: Vec<PgEntry<'_>> = items
                 .iter()
                 .map(|i| PgEntry { key: i.key, event_type: i.event_type, topic: &self.topic, partition: i.partition, offset: i.offset })
                 .collect();
             let admitted = admit_pg(&mut tx, &self.scope, &entries, path).await?;
-            first_seen(items, |key| admitted.admits(key))
+            first_seen(items, |key| admitted.admits(key)).into_iter().map(Item::arrived).collect()
         };
-        let facts: Vec<Arrived<'_, P::Fact>> = first.iter().map(|i| Arrived { offset: i.offset, fact: i.fact }).collect();
         if !facts.is_empty() {
             self.projection.load_pg(&mut tx, self.generation, &facts, path).await?;
         }
         generations::advance_pg(&mut tx, P::NAME, self.generation, next).await?;
         tx.commit().await?;
         Ok(())
+    }
+}
+
+impl<'a, F> Item<'a, F> {
+    fn arrived(&self) -> Arrived<'a, F> {
+        Arrived { offset: self.offset, fact: self.fact }
     }
 }
 

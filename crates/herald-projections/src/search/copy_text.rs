@@ -1,9 +1,10 @@
 //! Documents in PostgreSQL's `COPY` text format, the way a replay loads a
 //! generation's own table: one line a document and the offset it arrived
-//! at, columns in [`COLUMNS`]' order, tab-separated. `COPY` skips what an `INSERT … SELECT FROM
-//! UNNEST(…)` costs the server per row (parsing the arrays, planning,
-//! executing a statement's projection), which was most of what PostgreSQL
-//! spent on a replay beyond the primary key (BENCHMARKS.md, "Rebuild").
+//! at, columns in [`COLUMNS`]' order, tab-separated. `COPY` skips what an
+//! `INSERT … SELECT FROM UNNEST(…)` costs the server per row (parsing the
+//! arrays, planning, executing a statement's projection), which was most
+//! of what PostgreSQL spent on a replay beyond the primary key
+//! (BENCHMARKS.md, "Rebuild").
 //! No database here: `load` sends the lines.
 
 use super::DocumentRef;

@@ -9,10 +9,9 @@
 //! guard would have kept them. What live traffic wrote into the generation
 //! meanwhile (the default partition's rows of N) is merged under the
 //! version guard, and the table attached as the generation's partition of
-//! `search_documents` (migration 0024). Building
-//! an index once over a million rows costs PostgreSQL about half of keeping
-//! it row by row, the key included (BENCHMARKS.md, "Rebuild", "The key
-//! built at the seal").
+//! `search_documents` (migration 0024). Building an index once over a
+//! million rows costs PostgreSQL about half of keeping it row by row, the
+//! key included (BENCHMARKS.md, "Rebuild", "The key built at the seal").
 //!
 //! The check lets the attach skip its scan and the indexes match the
 //! parent's, so the attach takes them as they are: its transaction holds
@@ -66,9 +65,9 @@ pub(super) async fn copy(tx: &mut PgConnection, generation: i64, facts: &[Arrive
 }
 
 /// The replay's write of `rows` into the generation's own table in one
-/// statement: `upsert` under the version guard, else plainly. Only once the
-/// table has its key (a seal began and a replay wrote after it): before,
-/// [`copy`] appends and nothing conflicts.
+/// statement: `upsert` under the version guard, else plainly. Only where
+/// the table has a key: one an earlier Herald began loading keeps it (see
+/// [`prepare`]); elsewhere [`copy`] appends and nothing conflicts.
 pub(super) async fn write(tx: &mut PgConnection, generation: i64, rows: &[DocumentRow], upsert: bool) -> Result<(), sqlx::Error> {
     insert_into(tx, &table(generation), generation, rows, upsert).await
 }
@@ -108,8 +107,9 @@ async fn insert_into(tx: &mut PgConnection, table: &str, generation: i64, rows: 
 }
 
 /// Creates the generation's own table unless it is there (loading, or
-/// already its partition), with the one index it keeps while loading. Autovacuum leaves it alone while it loads: the
-/// inserts alone would start it every few hundred thousand rows. A table an
+/// already its partition), with the one index it keeps while loading.
+/// Autovacuum leaves it alone while it loads: the inserts alone would start
+/// it every few hundred thousand rows. A table an
 /// earlier Herald began loading has its primary key and no `arrival`: it
 /// gains the column and keeps its key (a job loaded again then conflicts,
 /// and the replay writes it under the version guard).
