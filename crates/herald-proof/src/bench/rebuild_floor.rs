@@ -10,7 +10,10 @@
 //!
 //! Added to what receiving the records costs (the raw consume, same run),
 //! this bounds any replay here: with every core busy on nothing but those
-//! two, at most `cores ÷ (receive + write)` events a second.
+//! two, at most `cores ÷ (receive + write)` events a second. The COPY's CPU
+//! and the builds' wall time are kept apart too: a generation's indexes can
+//! only be built once its last document is in, so a replay also takes at
+//! least the load's CPU spread over every core, then the builds' length.
 
 use std::time::Instant;
 
@@ -33,6 +36,8 @@ pub(crate) struct WriteFloor {
     /// Of `secs`, building the indexes (the rest is the COPY).
     pub(crate) index_secs: f64,
     pub(crate) cpu: Option<CpuUse>,
+    /// Of `cpu`, the COPY's: what loading the documents cost the machine.
+    pub(crate) copy_cpu: Option<CpuUse>,
 }
 
 /// Writes `n` documents of run `tag` as described above.
@@ -51,6 +56,7 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
         copy.send(chunk).await?;
     }
     let rows = copy.finish().await?;
+    let copy_cpu = mark.and_then(|m| m.used());
     drop(conn);
     anyhow::ensure!(rows == n as u64, "the write floor copied {rows} documents, expected {n}");
     let indexing = Instant::now();
@@ -59,6 +65,7 @@ pub(crate) async fn write_floor(db: &Db, tag: &str, n: usize) -> anyhow::Result<
         secs: started.elapsed().as_secs_f64(),
         index_secs: indexing.elapsed().as_secs_f64(),
         cpu: mark.and_then(|m| m.used()),
+        copy_cpu,
     };
     sqlx::query(&format!("DROP TABLE {TABLE}")).execute(&pool).await?;
     pool.close().await;
