@@ -359,9 +359,9 @@ async fn consume_memory(
     .await
 }
 
-/// Runs the search subscription `sub` until it applied `n` events and
-/// returns its rate, timed from its first commit to its last so that the
-/// consumer-group join is not counted.
+/// Runs the search subscription `sub` until it handled `n` records (applied,
+/// or found in its inbox as duplicates) and returns its rate, timed from its
+/// first commit to its last so that the consumer-group join is not counted.
 pub(super) async fn timed_search_subscription(
     db: &Db,
     sub: &Subscription,
@@ -389,7 +389,8 @@ async fn timed_subscription<H: Handler>(
     let hook = {
         let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
         herald_fault::Hook::new(move |_site| {
-            let applied = metrics.snapshot().applied;
+            let handled = metrics.snapshot();
+            let applied = handled.applied + handled.duplicates;
             let now = Instant::now();
             let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
             let first = m.map_or((now, applied), |(t, a, _)| (t, a));

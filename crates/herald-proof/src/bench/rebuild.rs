@@ -13,6 +13,8 @@
 //! plain multi-row INSERTs (timed), and the same documents written the
 //! cheapest way the server can make them searchable (`rebuild_floor`, timed
 //! with its CPU: with the raw consume's, the most any replay reaches here).
+//! `--duplicate-every K` publishes every K-th event twice, as a relay
+//! retrying a batch does, so the replay loads those jobs twice.
 //! Topic partitions default to 32 because
 //! the mock cluster keeps at most 5 MiB per partition: fewer would let its
 //! retention drop history (the rebuild would then refuse, naming the gap).
@@ -54,6 +56,12 @@ pub struct RebuildBenchArgs {
     /// Records per replay transaction.
     #[arg(long, default_value_t = DEFAULT_BATCH as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub batch: u32,
+    /// Publish every K-th event a second time after its chunk, as a relay
+    /// does when it sends a batch again after losing its acknowledgement
+    /// (0: none). A replay then loads those jobs twice and its seal settles
+    /// them (`search::seal`).
+    #[arg(long, default_value_t = 0)]
+    pub duplicate_every: u32,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -72,6 +80,8 @@ const CHUNK: usize = 100_000;
 const DECODE_SAMPLE: usize = 100_000;
 
 struct Figures {
+    /// Records published: the events and their copies (`--duplicate-every`).
+    records: usize,
     publish_eps: f64,
     live_consume_eps: f64,
     rebuild_eps: f64,
@@ -109,6 +119,16 @@ pub async fn run(args: RebuildBenchArgs) -> anyhow::Result<ExitCode> {
     .await
 }
 
+/// Of a chunk of events starting at `from`, the ones published again: every
+/// `every`-th event of the run (none when `every` is 0).
+fn duplicates(chunk: &[OutboxEvent], from: usize, every: u32) -> Vec<OutboxEvent> {
+    let every = every as usize;
+    if every == 0 {
+        return Vec::new();
+    }
+    chunk.iter().enumerate().filter(|(i, _)| (from + i) % every == 0).map(|(_, e)| e.clone()).collect()
+}
+
 fn events(topic: &str, run: &str, from: usize, to: usize) -> anyhow::Result<Vec<OutboxEvent>> {
     (from..to)
         .map(|i| {
@@ -128,21 +148,26 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let producer = workload::producer(&kafka)?;
 
     let started = Instant::now();
+    let mut records = 0;
     for from in (0..n).step_by(CHUNK) {
-        workload::publish(&producer, &events(&topics.events, &run, from, (from + CHUNK).min(n))?).await?;
+        let chunk = events(&topics.events, &run, from, (from + CHUNK).min(n))?;
+        let again = duplicates(&chunk, from, args.duplicate_every);
+        workload::publish(&producer, &chunk).await?;
+        workload::publish(&producer, &again).await?;
+        records += chunk.len() + again.len();
     }
-    let publish_eps = n as f64 / started.elapsed().as_secs_f64();
-    eprintln!("published {n} events ({publish_eps:.0}/s)");
+    let publish_eps = records as f64 / started.elapsed().as_secs_f64();
+    eprintln!("published {n} events, {records} records ({publish_eps:.0}/s)");
 
     let mark = CpuMark::now();
-    let raw_consume_eps = raw_consume(&kafka, &topics.events, n).await?;
+    let raw_consume_eps = raw_consume(&kafka, &topics.events, records).await?;
     let raw_consume_cpu = mark.and_then(|m| m.used());
     eprintln!("raw consume: {raw_consume_eps:.0}/s");
     let decode = decode_cost(&events(&topics.events, &run, 0, n.min(DECODE_SAMPLE))?)?;
     eprintln!("decode: {:.2} µs/record the replay's way, {:.2} at least", decode.herald_us, decode.floor_us);
 
     let group_prefix = format!("bench-{run}");
-    let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n).await?;
+    let live_consume_eps = live_consume(&db, &kafka, &topics.events, &group_prefix, n, records).await?;
     eprintln!("live search subscription: {live_consume_eps:.0}/s");
 
     settle(&db).await?;
@@ -165,6 +190,7 @@ async fn measure(args: &RebuildBenchArgs, url: &str) -> anyhow::Result<Figures> 
     let described = broker.describe();
     broker.finish().await?;
     Ok(Figures {
+        records,
         publish_eps,
         live_consume_eps,
         rebuild_eps,
@@ -192,10 +218,11 @@ async fn settle(db: &Db) -> anyhow::Result<()> {
 }
 
 /// The live search subscription (defaults: batches of 1000, 2 lanes) until
-/// it applied all `n` events; timed from its first commit to its last.
-async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &str, n: usize) -> anyhow::Result<f64> {
+/// it handled all `records` (`n` events, the rest their copies); timed from
+/// its first commit to its last.
+async fn live_consume(db: &Db, kafka: &KafkaConfig, topic: &str, group_prefix: &str, n: usize, records: usize) -> anyhow::Result<f64> {
     let sub = Subscription::new(search::SUBSCRIPTION, group_prefix, kafka, &[topic]);
-    let eps = timed_search_subscription(db, &sub, SubscriptionOptions::default(), n, Duration::from_secs(3600)).await?;
+    let eps = timed_search_subscription(db, &sub, SubscriptionOptions::default(), records, Duration::from_secs(3600)).await?;
     let applied = inbox::count(db, search::SUBSCRIPTION).await?;
     anyhow::ensure!(applied == n as i64, "live inbox holds {applied} events, expected {n}");
     Ok(eps)
@@ -269,6 +296,7 @@ impl Figures {
     fn to_json(&self, args: &RebuildBenchArgs) -> serde_json::Value {
         json!({
             "events": args.events, "partitions": args.partitions, "batch": args.batch, "broker": self.broker,
+            "duplicate_every": args.duplicate_every, "records": self.records,
             "rebuild_eps": self.rebuild_eps.round(),
             "raw_consume_eps": self.raw_consume_eps.round(),
             "rebuild_vs_raw_consume": round2(self.rebuild_eps / self.raw_consume_eps),
@@ -281,17 +309,17 @@ impl Figures {
             "rebuild_vs_raw_insert": round2(self.rebuild_eps / self.raw_insert_eps),
             "target_eps": TARGET_EPS,
             "meets_target": self.meets_target(),
-            "rebuild_cpu": self.rebuild_cpu.map(|c| c.to_json(u64::from(args.events))),
-            "raw_consume_cpu": self.raw_consume_cpu.map(|c| c.to_json(u64::from(args.events))),
+            "rebuild_cpu": self.rebuild_cpu.map(|c| c.to_json(self.records as u64)),
+            "raw_consume_cpu": self.raw_consume_cpu.map(|c| c.to_json(self.records as u64)),
             "write_floor_eps": (f64::from(args.events) / self.write_floor.secs).round(),
             "write_floor_index_secs": round2(self.write_floor.index_secs),
             "write_floor_cpu": self.write_floor.cpu.map(|c| c.to_json(u64::from(args.events))),
-            "replay_ceiling_eps": self.replay_ceiling_eps(u64::from(args.events), 0.0).map(f64::round),
+            "replay_ceiling_eps": self.replay_ceiling_eps(args, 0.0).map(f64::round),
             "herald_decode_us": round2(self.decode.herald_us),
             "decode_floor_us": round2(self.decode.floor_us),
-            "replay_ceiling_decoded_eps": self.replay_ceiling_eps(u64::from(args.events), self.decode.floor_us).map(f64::round),
+            "replay_ceiling_decoded_eps": self.replay_ceiling_eps(args, self.decode.floor_us).map(f64::round),
             "write_floor_copy_us": self.write_floor.copy_cpu.map(|c| round2(c.us_per_event(u64::from(args.events)))),
-            "replay_ceiling_in_order_eps": self.replay_ceiling_in_order_eps(u64::from(args.events)).map(f64::round),
+            "replay_ceiling_in_order_eps": self.replay_ceiling_in_order_eps(args).map(f64::round),
         })
     }
 
@@ -316,24 +344,26 @@ impl Figures {
         if let Some(secs) = self.rebuild_index_secs {
             println!("  building the indexes took {secs:.2} s of the replay, {:.2} s of the write floor", self.write_floor.index_secs);
         }
-        let events = u64::from(args.events);
-        for (name, cpu) in [("raw consume", self.raw_consume_cpu), ("replay", self.rebuild_cpu), ("write floor", self.write_floor.cpu)] {
+        let (records, documents) = (self.records as u64, u64::from(args.events));
+        for (name, cpu, per) in [
+            ("raw consume", self.raw_consume_cpu, records),
+            ("replay", self.rebuild_cpu, records),
+            ("write floor", self.write_floor.cpu, documents),
+        ] {
             let Some(cpu) = cpu else { continue };
-            println!("  {}", cpu.line(name, events, "this process with the mock cluster", "others: PostgreSQL"));
+            println!("  {}", cpu.line(name, per, "this process with the mock cluster", "others: PostgreSQL"));
         }
         println!(
             "  decoding one record, one thread: {:.2} µs the replay's way, {:.2} µs at least (headers as text, the Avro datum parsed)",
             self.decode.herald_us, self.decode.floor_us
         );
-        if let (Some(ceiling), Some(decoded)) =
-            (self.replay_ceiling_eps(events, 0.0), self.replay_ceiling_eps(events, self.decode.floor_us))
-        {
+        if let (Some(ceiling), Some(decoded)) = (self.replay_ceiling_eps(args, 0.0), self.replay_ceiling_eps(args, self.decode.floor_us)) {
             println!(
                 "  receiving and writing at their cheapest with every core busy, a replay could reach at most {ceiling:.0} events/s here; \
                  decoding at its least too, {decoded:.0}"
             );
         }
-        if let Some(in_order) = self.replay_ceiling_in_order_eps(events) {
+        if let Some(in_order) = self.replay_ceiling_in_order_eps(args) {
             println!(
                 "  and with the indexes built after the last document, as they must be: at most {in_order:.0} events/s \
                  (receiving, the least decode and the COPY spread over every core, then the write floor's {:.2} s of builds)",
@@ -346,14 +376,17 @@ impl Figures {
         self.rebuild_eps >= TARGET_EPS && self.rebuild_eps >= TARGET_VS_RAW_INSERT * self.raw_insert_eps
     }
 
-    /// The most any replay could reach on this machine: every core busy on
-    /// nothing but receiving the records (the raw consume's CPU per event),
-    /// `decode_us` per record, and the server's cheapest write of the
-    /// documents (the write floor's).
-    fn replay_ceiling_eps(&self, events: u64, decode_us: f64) -> Option<f64> {
+    /// The most any replay could reach on this machine, in records a
+    /// second: every core busy on nothing but receiving the records (the raw
+    /// consume's CPU per record), `decode_us` per record, and the server's
+    /// cheapest write of the documents (the write floor's; a record's copy
+    /// need not be written twice).
+    fn replay_ceiling_eps(&self, args: &RebuildBenchArgs, decode_us: f64) -> Option<f64> {
         let (receive, write) = (self.raw_consume_cpu?, self.write_floor.cpu?);
-        let per_event = receive.us_per_event(events) + decode_us + write.us_per_event(events);
-        Some(write.cpus as f64 * 1e6 / per_event.max(f64::MIN_POSITIVE))
+        let (records, documents) = (self.records as u64, u64::from(args.events));
+        let write_per_record = write.us_per_event(documents) * documents as f64 / records.max(1) as f64;
+        let per_record = receive.us_per_event(records) + decode_us + write_per_record;
+        Some(write.cpus as f64 * 1e6 / per_record.max(f64::MIN_POSITIVE))
     }
 
     /// The most any replay could reach here in the order a replay must
@@ -362,10 +395,12 @@ impl Figures {
     /// process. Receiving, the least decode and the COPY (the write floor's
     /// CPU for it) spread over every core, then the write floor's builds
     /// for as long as they took.
-    fn replay_ceiling_in_order_eps(&self, events: u64) -> Option<f64> {
+    fn replay_ceiling_in_order_eps(&self, args: &RebuildBenchArgs) -> Option<f64> {
         let (receive, copy) = (self.raw_consume_cpu?, self.write_floor.copy_cpu?);
-        let load_us = receive.us_per_event(events) + self.decode.floor_us + copy.us_per_event(events);
-        Some(in_order_ceiling_eps(events, copy.cpus, load_us, self.write_floor.index_secs))
+        let (records, documents) = (self.records as u64, u64::from(args.events));
+        let copy_per_record = copy.us_per_event(documents) * documents as f64 / records.max(1) as f64;
+        let load_us = receive.us_per_event(records) + self.decode.floor_us + copy_per_record;
+        Some(in_order_ceiling_eps(records, copy.cpus, load_us, self.write_floor.index_secs))
     }
 }
 
@@ -382,7 +417,16 @@ fn round2(x: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::in_order_ceiling_eps;
+    use super::{duplicates, events, in_order_ceiling_eps};
+
+    #[test]
+    fn every_kth_event_of_the_run_is_published_again_unchanged() {
+        let chunk = events("t", "r", 10, 20).unwrap();
+        let again = duplicates(&chunk, 10, 4);
+        let ids: Vec<&str> = again.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, [chunk[2].id.as_str(), chunk[6].id.as_str()], "events 12 and 16 of the run");
+        assert!(duplicates(&chunk, 10, 0).is_empty());
+    }
 
     #[test]
     fn the_in_order_ceiling_spreads_the_load_over_the_cores_then_adds_the_builds() {
