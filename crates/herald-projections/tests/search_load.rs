@@ -9,7 +9,8 @@
 //! `search_documents` while the seal attached lands in the new partition.
 //! The seal builds its btrees without parallel workers. The loading table
 //! has no key: a job loaded twice is settled at the seal as the version
-//! guard would have, and the key built then.
+//! guard would have, and the key built then. A seal resumed after its
+//! attach leaves live writes to the partition alone.
 
 mod common;
 
@@ -210,6 +211,37 @@ async fn a_write_through_the_parent_during_the_attach_lands_in_the_new_partition
     write.await??;
     assert_eq!(versions(&db, 9).await?, pairs(&[("a", 1), ("b", 1), ("c", 1)]));
     assert_eq!(count(&db, "SELECT COUNT(*) FROM search_documents_g9").await?, 3, "all three in the generation's partition");
+    Ok(())
+}
+
+/// A rebuild that resumes after its seal attached the generation (stopped
+/// before it recorded the storage, verified or switched) seals again while
+/// live traffic writes the partition. That second seal must not lock the
+/// partition: the loading table's `CREATE INDEX IF NOT EXISTS`, run on the
+/// attached table, takes a lock against writes even when the index is
+/// there, and would wait for a live write and hold the next ones. Gate: a
+/// live write into the partition held open; the seal must end while it is
+/// open, and no lock of the database may wait meanwhile.
+#[tokio::test]
+async fn a_seal_resumed_after_its_attach_leaves_live_writes_alone_postgres() -> anyhow::Result<()> {
+    let (_test_db, db) = loading_9().await?;
+    load(&db, 9, &[completed("a", 1)]).await?;
+    assert_eq!(Search.seal_load(&db, 9).await?.as_deref(), Some("search_documents_g9"));
+
+    let mut writer = sqlx::PgConnection::connect(db.url()).await?;
+    let mut open = writer.begin().await?;
+    let b = completed("b", 1);
+    Search.write_pg(&mut open, 9, Some("search_documents_g9"), &[&b], WritePath::Upsert).await?;
+    let seal = Search.seal_load(&db, 9);
+    tokio::select! {
+        sealed = seal => assert_eq!(sealed?.as_deref(), Some("search_documents_g9")),
+        waited = until_waiting(&db, 1) => {
+            waited?;
+            anyhow::bail!("the resumed seal waited for a lock the live write holds");
+        }
+    }
+    open.commit().await?;
+    assert_eq!(versions(&db, 9).await?, pairs(&[("a", 1), ("b", 1)]));
     Ok(())
 }
 

@@ -6,7 +6,6 @@
 //! middle of it seals again when it resumes.
 
 use herald_store::{Backend, Db, StoreError, Tx};
-use sqlx::Row;
 use tracing::info;
 
 use super::load::{ARRIVAL, TOMBSTONES, prepare, table};
@@ -23,18 +22,22 @@ pub(super) async fn seal(db: &Db, generation: i64) -> Result<Option<String>, Sto
     if db.backend() != Backend::Postgres {
         return Ok(None);
     }
-    prepare(db, generation).await?;
     let table = table(generation);
+    // Asked first: live traffic writes an attached table, and preparing it
+    // again would lock it against them (`CREATE INDEX IF NOT EXISTS` locks
+    // before it looks).
     if attached(db, &table).await? {
         return Ok(Some(table));
     }
+    prepare(db, generation).await?;
     build_indexes(db, &table).await?;
     Ok(attach(db, &table, generation).await?.then_some(table))
 }
 
+/// Whether `table` is a partition already; false when there is no such table.
 pub(super) async fn attached(db: &Db, table: &str) -> Result<bool, StoreError> {
-    let row = sqlx::query("SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)").bind(table).fetch_one(db.pool()).await?;
-    Ok(row.try_get("relispartition")?)
+    let sql = "SELECT EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass($1) AND relispartition)";
+    Ok(sqlx::query_scalar(sql).bind(table).fetch_one(db.pool()).await?)
 }
 
 /// Builds the parent's indexes on `table` under its own names, the primary
