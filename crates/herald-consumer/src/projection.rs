@@ -40,6 +40,13 @@ pub struct Arrived<'a, F> {
     pub fact: &'a F,
 }
 
+impl<'a, F> Arrived<'a, F> {
+    /// The facts alone, for a write that needs no offsets.
+    pub fn facts(arrived: &[Self]) -> Vec<&'a F> {
+        arrived.iter().map(|a| a.fact).collect()
+    }
+}
+
 /// A read model that can be rebuilt.
 pub trait Projection: Send + Sync + 'static {
     /// Its name in `projection_generations`, its live subscription, and the
@@ -102,7 +109,7 @@ pub trait Projection: Send + Sync + 'static {
         facts: &[Arrived<'_, Self::Fact>],
         path: WritePath,
     ) -> impl Future<Output = Result<(), HandlerError>> + Send {
-        let facts: Vec<&Self::Fact> = facts.iter().map(|a| a.fact).collect();
+        let facts = Arrived::facts(facts);
         async move { self.write_pg(tx, generation, None, &facts, path).await }
     }
 

@@ -80,8 +80,8 @@ impl Projection for Search {
             WritePath::Plain => load::copy(tx, generation, facts).await.map_err(HandlerError::from_plain_write),
             // Only where the table has its key already (`load::write`).
             WritePath::Upsert => {
-                let facts: Vec<&Fact> = facts.iter().map(|a| a.fact).collect();
-                write_pg_rows(&facts, path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await }).await
+                write_pg_rows(&Arrived::facts(facts), path, |rows, upsert| async move { load::write(tx, generation, &rows, upsert).await })
+                    .await
             }
         }
     }

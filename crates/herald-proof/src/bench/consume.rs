@@ -383,19 +383,19 @@ async fn timed_subscription<H: Handler>(
     limit: Duration,
 ) -> anyhow::Result<(f64, Profile)> {
     let metrics = Arc::new(Metrics::default());
-    // (time, events applied) at the first commit, and time of the last.
+    // (time, records handled) at the first commit, and time of the last.
     let marks: Arc<Mutex<Option<(Instant, u64, Instant)>>> = Arc::default();
     let done = CancellationToken::new();
     let hook = {
         let (metrics, marks, done) = (metrics.clone(), marks.clone(), done.clone());
         herald_fault::Hook::new(move |_site| {
-            let handled = metrics.snapshot();
-            let applied = handled.applied + handled.duplicates;
+            let counts = metrics.snapshot();
+            let handled = counts.applied + counts.duplicates;
             let now = Instant::now();
             let mut m = marks.lock().unwrap_or_else(|p| p.into_inner());
-            let first = m.map_or((now, applied), |(t, a, _)| (t, a));
+            let first = m.map_or((now, handled), |(t, h, _)| (t, h));
             *m = Some((first.0, first.1, now));
-            if applied >= n as u64 {
+            if handled >= n as u64 {
                 done.cancel();
             }
             async { herald_fault::Action::Continue }
@@ -404,8 +404,8 @@ async fn timed_subscription<H: Handler>(
     let options = SubscriptionOptions { faults: hook, ..options };
     let running = herald_consumer::run_subscription(sub, db, handler, &options, &metrics, done);
     tokio::time::timeout(limit, running).await.context("search subscription did not finish in time")??;
-    let (t0, a0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
-    let eps = (n as u64).saturating_sub(a0) as f64 / (t1 - t0).as_secs_f64();
+    let (t0, h0, t1) = marks.lock().unwrap_or_else(|p| p.into_inner()).context("no batch committed")?;
+    let eps = (n as u64).saturating_sub(h0) as f64 / (t1 - t0).as_secs_f64();
     Ok((eps, Profile::of(&metrics, metrics.snapshot().applied)))
 }
 

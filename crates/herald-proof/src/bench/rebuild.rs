@@ -314,12 +314,12 @@ impl Figures {
             "write_floor_eps": (f64::from(args.events) / self.write_floor.secs).round(),
             "write_floor_index_secs": round2(self.write_floor.index_secs),
             "write_floor_cpu": self.write_floor.cpu.map(|c| c.to_json(u64::from(args.events))),
-            "replay_ceiling_eps": self.replay_ceiling_eps(args, 0.0).map(f64::round),
+            "replay_ceiling_eps": self.replay_ceiling_eps(0.0).map(f64::round),
             "herald_decode_us": round2(self.decode.herald_us),
             "decode_floor_us": round2(self.decode.floor_us),
-            "replay_ceiling_decoded_eps": self.replay_ceiling_eps(args, self.decode.floor_us).map(f64::round),
+            "replay_ceiling_decoded_eps": self.replay_ceiling_eps(self.decode.floor_us).map(f64::round),
             "write_floor_copy_us": self.write_floor.copy_cpu.map(|c| round2(c.us_per_event(u64::from(args.events)))),
-            "replay_ceiling_in_order_eps": self.replay_ceiling_in_order_eps(args).map(f64::round),
+            "replay_ceiling_in_order_eps": self.replay_ceiling_in_order_eps().map(f64::round),
         })
     }
 
@@ -357,13 +357,13 @@ impl Figures {
             "  decoding one record, one thread: {:.2} µs the replay's way, {:.2} µs at least (headers as text, the Avro datum parsed)",
             self.decode.herald_us, self.decode.floor_us
         );
-        if let (Some(ceiling), Some(decoded)) = (self.replay_ceiling_eps(args, 0.0), self.replay_ceiling_eps(args, self.decode.floor_us)) {
+        if let (Some(ceiling), Some(decoded)) = (self.replay_ceiling_eps(0.0), self.replay_ceiling_eps(self.decode.floor_us)) {
             println!(
                 "  receiving and writing at their cheapest with every core busy, a replay could reach at most {ceiling:.0} events/s here; \
                  decoding at its least too, {decoded:.0}"
             );
         }
-        if let Some(in_order) = self.replay_ceiling_in_order_eps(args) {
+        if let Some(in_order) = self.replay_ceiling_in_order_eps() {
             println!(
                 "  and with the indexes built after the last document, as they must be: at most {in_order:.0} events/s \
                  (receiving, the least decode and the COPY spread over every core, then the write floor's {:.2} s of builds)",
@@ -379,13 +379,12 @@ impl Figures {
     /// The most any replay could reach on this machine, in records a
     /// second: every core busy on nothing but receiving the records (the raw
     /// consume's CPU per record), `decode_us` per record, and the server's
-    /// cheapest write of the documents (the write floor's; a record's copy
-    /// need not be written twice).
-    fn replay_ceiling_eps(&self, args: &RebuildBenchArgs, decode_us: f64) -> Option<f64> {
+    /// cheapest write of the documents (the write floor's, spread over the
+    /// records: a record's copy need not be written twice).
+    fn replay_ceiling_eps(&self, decode_us: f64) -> Option<f64> {
         let (receive, write) = (self.raw_consume_cpu?, self.write_floor.cpu?);
-        let (records, documents) = (self.records as u64, u64::from(args.events));
-        let write_per_record = write.us_per_event(documents) * documents as f64 / records.max(1) as f64;
-        let per_record = receive.us_per_event(records) + decode_us + write_per_record;
+        let records = self.records as u64;
+        let per_record = receive.us_per_event(records) + decode_us + write.us_per_event(records);
         Some(write.cpus as f64 * 1e6 / per_record.max(f64::MIN_POSITIVE))
     }
 
@@ -395,11 +394,10 @@ impl Figures {
     /// process. Receiving, the least decode and the COPY (the write floor's
     /// CPU for it) spread over every core, then the write floor's builds
     /// for as long as they took.
-    fn replay_ceiling_in_order_eps(&self, args: &RebuildBenchArgs) -> Option<f64> {
+    fn replay_ceiling_in_order_eps(&self) -> Option<f64> {
         let (receive, copy) = (self.raw_consume_cpu?, self.write_floor.copy_cpu?);
-        let (records, documents) = (self.records as u64, u64::from(args.events));
-        let copy_per_record = copy.us_per_event(documents) * documents as f64 / records.max(1) as f64;
-        let load_us = receive.us_per_event(records) + self.decode.floor_us + copy_per_record;
+        let records = self.records as u64;
+        let load_us = receive.us_per_event(records) + self.decode.floor_us + copy.us_per_event(records);
         Some(in_order_ceiling_eps(records, copy.cpus, load_us, self.write_floor.index_secs))
     }
 }
